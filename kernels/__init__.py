@@ -1,0 +1,1 @@
+"""weft.kernels: Triton kernels and their PyTorch references."""

@@ -1,0 +1,1 @@
+"""weft.lang: the frontend DSL (gen, select, fork, roles) and its backends."""

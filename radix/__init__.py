@@ -1,0 +1,1 @@
+"""weft.radix: the radix-tree prefix cache (pure CPU data structure)."""

@@ -1,0 +1,1 @@
+"""weft.runtime: the serving runtime (scheduler, model runner, memory, detokenizer, engine)."""

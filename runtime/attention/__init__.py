@@ -1,0 +1,1 @@
+"""weft.runtime.attention: attention backends behind one interface, chosen by name."""

@@ -1,0 +1,118 @@
+"""EngineConfig: the one frozen configuration of a weft runtime, validated at construction."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def default_cache_dir() -> Path:
+    """Where converted models live: $XDG_CACHE_HOME/weft or ~/.cache/weft."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "weft"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything a runtime needs, fixed for its lifetime.
+
+    Sizes in tokens unless named otherwise. `None` means "derive it" (see the properties).
+    """
+
+    model: str | None = None  # HF folder, .gguf file, or None for the packaged SmolLM2
+    tokenizer: str | None = None  # defaults to the model's own
+    load_format: Literal["auto", "dummy"] = "auto"
+    dtype: DType = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = 0  # dummy weights and unseeded sampling
+    context_length: int | None = None  # override the model's max_position_embeddings
+    page_size: int | None = None  # default 1 on CPU, 16 on CUDA
+    max_total_tokens: int | None = None  # KV pool size; overrides the memory budget
+    kv_cache_bytes: int | None = None  # CPU budget for the KV pool (default 1 GiB)
+    mem_fraction: float = 0.85  # GPU: fraction of total memory for weights + KV pool
+    max_running_requests: int = 256
+    max_prefill_tokens: int = 8192  # token budget of one prefill batch
+    chunked_prefill_size: int = 4096  # prompts longer than this are prefilled in chunks; 0: off
+    schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
+    disable_radix_cache: bool = False
+    attention_backend: str = "auto"
+    cache_dir: str | None = None  # converted models; default ~/.cache/weft
+    log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
+        if self.load_format == "dummy" and self.model is None:
+            raise ValueError("load_format='dummy' needs model= a folder with a config.json")
+        if self.dtype not in ("auto", *_DTYPES):
+            raise ValueError(f"dtype must be one of auto/float32/bfloat16/float16, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but no CUDA device is available")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError(f"context_length must be >= 2, got {self.context_length}")
+        if self.page_size is not None and self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.max_total_tokens is not None and self.max_total_tokens < 2:
+            raise ValueError(f"max_total_tokens must be >= 2, got {self.max_total_tokens}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes must be > 0, got {self.kv_cache_bytes}")
+        if not 0.0 < self.mem_fraction < 1.0:
+            raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
+        if self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
+        if self.chunked_prefill_size < 0:
+            raise ValueError(f"chunked_prefill_size must be >= 0, got {self.chunked_prefill_size}")
+        if self.chunked_prefill_size and self.page_size and self.chunked_prefill_size % self.page_size:
+            raise ValueError(
+                f"chunked_prefill_size ({self.chunked_prefill_size}) must be a multiple of "
+                f"page_size ({self.page_size})"
+            )
+        if self.schedule_policy not in ("fcfs", "lpm"):
+            raise ValueError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
+            raise ValueError(f"log_level must be debug/info/warning/error, got {self.log_level!r}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Build from keyword arguments, naming any unknown one."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ValueError(f"unknown engine option(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.resolved_device == "cuda" else torch.float32
+        return _DTYPES[self.dtype]
+
+    @property
+    def resolved_page_size(self) -> int:
+        if self.page_size is not None:
+            return self.page_size
+        return 16 if self.resolved_device == "cuda" else 1
+
+    @property
+    def resolved_cache_dir(self) -> Path:
+        return Path(self.cache_dir) if self.cache_dir else default_cache_dir()

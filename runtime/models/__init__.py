@@ -1,0 +1,1 @@
+"""weft.runtime.models: our torch modules for supported architectures."""
