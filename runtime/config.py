@@ -52,7 +52,9 @@ class EngineConfig:
         if self.load_format == "dummy" and self.model is None:
             raise ValueError("load_format='dummy' needs model= a folder with a config.json")
         if self.dtype not in ("auto", *_DTYPES):
-            raise ValueError(f"dtype must be one of auto/float32/bfloat16/float16, got {self.dtype!r}")
+            raise ValueError(
+                f"dtype must be one of auto/float32/bfloat16/float16, got {self.dtype!r}"
+            )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -73,13 +75,19 @@ class EngineConfig:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.chunked_prefill_size < 0:
             raise ValueError(f"chunked_prefill_size must be >= 0, got {self.chunked_prefill_size}")
-        if self.chunked_prefill_size and self.page_size and self.chunked_prefill_size % self.page_size:
+        if (
+            self.chunked_prefill_size
+            and self.page_size
+            and self.chunked_prefill_size % self.page_size
+        ):
             raise ValueError(
                 f"chunked_prefill_size ({self.chunked_prefill_size}) must be a multiple of "
                 f"page_size ({self.page_size})"
             )
         if self.schedule_policy not in ("fcfs", "lpm"):
-            raise ValueError(f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}")
+            raise ValueError(
+                f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}"
+            )
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ValueError(f"log_level must be debug/info/warning/error, got {self.log_level!r}")
 

@@ -1,0 +1,39 @@
+"""AttentionBackend: the one interface through which models read and write the paged KV pool."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from weft.runtime.batch import ForwardBatch
+from weft.runtime.memory import KVPool
+
+
+class AttentionBackend(ABC):
+    """Per step: `prepare(batch)` once, then `forward(...)` once per layer.
+
+    `forward` stores the new tokens' K and V at `batch.out_cache_loc` in the pool, then attends each
+    request's queries (its new tokens) over its whole KV (cached prefix + new tokens), causally.
+    """
+
+    def __init__(self, pool: KVPool, req_to_token: torch.Tensor) -> None:
+        self.pool = pool
+        self.req_to_token = req_to_token  # [max_reqs, max_context] int64
+
+    @abstractmethod
+    def prepare(self, batch: ForwardBatch) -> None:
+        """Derive this step's metadata (indices, masks, plans) from the batch."""
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, H, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        layer: int,
+        batch: ForwardBatch,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:  # [T, H, D]
+        """Store k/v for the new tokens and return attention output for q."""

@@ -1,0 +1,99 @@
+"""The detokenizer process: token ids in, text deltas out (incremental, stop strings trimmed/held)."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from weft.runtime.config import EngineConfig
+from weft.runtime.detokenize import IncrementalDecoder
+from weft.runtime.ipc import Channel, Endpoints, die_with_parent, parent_alive, setup_child_logging
+from weft.runtime.loader import load_tokenizer
+from weft.runtime.messages import BatchStrOut, BatchTokenOut, ReadyOut, StrOut, TokenOut
+from weft.runtime.stop import StopMatcher
+
+logger = logging.getLogger(__name__)
+
+IDLE_POLL_MS = 200
+
+
+@dataclass
+class _Stream:
+    decoder: IncrementalDecoder
+    holder: StopMatcher
+    emitted: int = 0  # chars of decoder.text already sent
+
+
+class Detokenizer:
+    """Decodes each request exactly as the scheduler's stop check does (same ids, same flags)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.streams: dict[str, _Stream] = {}
+
+    def process(self, batch: BatchTokenOut) -> BatchStrOut:
+        return BatchStrOut([self._one(out) for out in batch.outs])
+
+    def _one(self, out: TokenOut) -> StrOut:
+        st = self.streams.get(out.rid)
+        if st is None:
+            decoder = IncrementalDecoder(
+                self.tokenizer,
+                skip_special_tokens=out.skip_special_tokens,
+                spaces_between_special_tokens=out.spaces_between_special_tokens,
+                prefix_ids=out.decode_prefix,
+            )
+            st = self.streams[out.rid] = _Stream(decoder, StopMatcher(out.stop))
+        ids = out.new_ids
+        fin = out.finish
+        if fin is not None and isinstance(fin.matched, int) and not out.no_stop_trim and ids:
+            ids = ids[:-1]  # a matched EOS / stop token id never shows in the text
+        for token in ids:  # one at a time, exactly as the scheduler's stop check pushes them
+            st.decoder.push([token])
+        if fin is None:
+            text = st.decoder.text
+            stable = len(text) - st.holder.holdback(text)
+            delta = text[st.emitted : stable] if stable > st.emitted else ""
+            st.emitted = max(st.emitted, stable)
+            return StrOut(delta, out)
+        del self.streams[out.rid]
+        st.decoder.flush()
+        text = st.decoder.text
+        if fin.trim_offset is not None and not out.no_stop_trim:
+            text = text[: fin.trim_offset]
+        return StrOut(text[st.emitted :], out, full_text=text)
+
+
+def run_detokenizer_process(
+    config: EngineConfig, tokenizer_path: str, ends: Endpoints, parent: int
+) -> None:
+    """Entry point of the detokenizer child process."""
+    die_with_parent()
+    setup_child_logging(config.log_level, "detokenizer")
+    channel = Channel(ends.detokenizer, {"engine": ends.engine})
+    try:
+        detok = Detokenizer(load_tokenizer(tokenizer_path))
+        channel.send("engine", ReadyOut("detokenizer"))
+    except Exception as exc:
+        logger.error("detokenizer failed to start:\n%s", traceback.format_exc())
+        channel.send("engine", ReadyOut("detokenizer", error=f"{type(exc).__name__}: {exc}"))
+        channel.close()
+        raise SystemExit(1) from exc
+    try:
+        while True:
+            msg = channel.recv(IDLE_POLL_MS)
+            if msg is None:
+                if not parent_alive(parent):
+                    return
+                continue
+            if isinstance(msg, BatchTokenOut):
+                channel.send("engine", detok.process(msg))
+            else:
+                logger.error("detokenizer got an unexpected message %s", type(msg).__name__)
+    except BaseException:
+        logger.critical("detokenizer crashed:\n%s", traceback.format_exc())
+        raise SystemExit(1) from None
+    finally:
+        channel.close()

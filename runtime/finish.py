@@ -1,0 +1,96 @@
+"""Finish checks and progress reports of requests: length, stop strings/regex, EOS and stop ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from weft.runtime.detokenize import IncrementalDecoder
+from weft.runtime.messages import FinishReason, TokenOut
+from weft.runtime.request import Req
+from weft.runtime.stop import StopMatcher
+
+
+@dataclass
+class StopState:
+    """Scheduler-side decoded text of a request with stop strings; the detokenizer decodes the
+    same ids with the same settings, so `trim_offset` points at the same character there."""
+
+    decoder: IncrementalDecoder
+    matcher: StopMatcher
+    start: int = 0  # text offset from which a match counts (min_new_tokens)
+
+    @classmethod
+    def for_req(cls, req: Req, tokenizer: Any) -> StopState | None:
+        p = req.params
+        if not p.stop and not p.stop_regex:
+            return None
+        decoder = IncrementalDecoder(
+            tokenizer,
+            skip_special_tokens=p.skip_special_tokens,
+            spaces_between_special_tokens=p.spaces_between_special_tokens,
+            prefix_ids=decode_prefix(req),
+        )
+        return cls(decoder, StopMatcher(p.stop, p.stop_regex))
+
+
+DECODE_PREFIX_TOKENS = 5  # prompt tokens decoded before the output for context (`▁` tokenizers)
+
+
+def decode_prefix(req: Req) -> list[int]:
+    return req.input_ids[-DECODE_PREFIX_TOKENS:]
+
+
+def check_finish(req: Req, token: int, eos_ids: frozenset[int]) -> FinishReason | None:
+    """Order: length, stop string / regex, EOS, stop token ids (none before min_new_tokens)."""
+    p = req.params
+    n = len(req.output_ids)
+    stop = req.stop_state
+    if stop is not None:
+        if n == p.min_new_tokens:
+            stop.start = len(stop.decoder.text)
+        stop.decoder.push([token])
+    if n >= req.max_new_tokens:
+        return FinishReason("length", length=req.max_new_tokens)
+    if n < p.min_new_tokens:
+        return None
+    if stop is not None:
+        hit = stop.matcher.search(stop.decoder.text, stop.start)
+        if hit is not None:
+            offset, matched = hit
+            return FinishReason("stop", matched=matched, trim_offset=offset)
+    if p.ignore_eos:
+        return None
+    if token in eos_ids or token in p.stop_token_ids:
+        return FinishReason("stop", matched=token)
+    return None
+
+
+def token_out(req: Req) -> TokenOut:
+    """The request's progress since its last report; resets the pending deltas."""
+    p = req.params
+    new_ids = req.output_ids[req.sent_output_len :]
+    req.sent_output_len = len(req.output_ids)
+    out = TokenOut(
+        rid=req.rid,
+        new_ids=new_ids,
+        finish=req.finish,
+        prompt_tokens=len(req.input_ids),
+        cached_tokens=req.cached_tokens,
+        completion_tokens=len(req.output_ids),
+        skip_special_tokens=p.skip_special_tokens,
+        spaces_between_special_tokens=p.spaces_between_special_tokens,
+        no_stop_trim=p.no_stop_trim,
+        stop=list(p.stop),
+        decode_prefix=decode_prefix(req),
+        output_logprobs=req.out_logprobs,
+        output_top_logprobs=req.out_top_logprobs,
+        output_ids_logprobs=req.out_ids_logprobs,
+        input_logprobs=req.in_logprobs,
+        input_top_logprobs=req.in_top_logprobs,
+        input_ids_logprobs=req.in_ids_logprobs,
+        retractions=req.num_retractions,
+    )
+    req.out_logprobs, req.out_top_logprobs, req.out_ids_logprobs = [], [], []
+    req.in_logprobs, req.in_top_logprobs, req.in_ids_logprobs = [], [], []
+    return out

@@ -1,0 +1,97 @@
+"""ZMQ plumbing: private ipc:// endpoints, typed send/receive, and child-process lifetime helpers."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import zmq
+
+from weft.runtime.messages import Message, decode, encode
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where each process listens (it binds a PULL socket; the others connect PUSH sockets)."""
+
+    scheduler: str
+    detokenizer: str
+    engine: str
+
+    @classmethod
+    def in_private_dir(cls) -> tuple[Endpoints, str]:
+        path = tempfile.mkdtemp(prefix="weft-ipc-")  # created with mode 0700
+        os.chmod(path, 0o700)
+        ends = cls(*(f"ipc://{os.path.join(path, name)}" for name in ("sched", "detok", "engine")))
+        return ends, path
+
+
+class Channel:
+    """One PULL socket bound at `listen` and PUSH sockets connected to peers, with the codec."""
+
+    def __init__(self, listen: str, peers: dict[str, str]) -> None:
+        self.ctx = zmq.Context()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.bind(listen)
+        self.push: dict[str, zmq.Socket] = {}
+        for name, addr in peers.items():
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(addr)
+            self.push[name] = sock
+        self.poller = zmq.Poller()
+        self.poller.register(self.pull, zmq.POLLIN)
+
+    def send(self, peer: str, msg: Message) -> None:
+        self.push[peer].send(encode(msg), copy=False)
+
+    def recv(self, timeout_ms: int | None = 0) -> Message | None:
+        """One message, waiting up to timeout_ms (None: forever, 0: don't wait)."""
+        if timeout_ms is not None and not self.poller.poll(timeout_ms):
+            return None
+        return decode(self.pull.recv())
+
+    def recv_all(self) -> list[Message]:
+        out: list[Message] = []
+        while True:
+            try:
+                data = self.pull.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            out.append(decode(data))
+
+    def close(self) -> None:
+        for sock in [self.pull, *self.push.values()]:
+            sock.close(linger=0)
+        self.ctx.term()
+
+
+def die_with_parent() -> None:
+    """Linux: ask the kernel to SIGTERM this process when its parent dies (no orphans)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except OSError:  # pragma: no cover - non-glibc systems fall back to polling the parent pid
+        logger.debug("prctl(PR_SET_PDEATHSIG) unavailable")
+
+
+def parent_alive(parent_pid: int) -> bool:
+    return os.getppid() == parent_pid
+
+
+def setup_child_logging(level: str, name: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format=f"%(asctime)s [{name}] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )

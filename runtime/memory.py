@@ -1,0 +1,114 @@
+"""KV memory: the paged token KV pool, its page allocator, and the request-to-token table."""
+
+from __future__ import annotations
+
+import torch
+
+# NOTE: page 0 is never handed out. Its slots are the write target of padded tokens and the gather
+# target of padded keys, so kernels never need a bounds check.
+RESERVED_PAGES = 1
+
+
+class PageAllocator:
+    """Free list of KV pages. Callers speak in token slots; a slot is page * page_size + offset."""
+
+    def __init__(self, num_pages: int, page_size: int, device: torch.device | str) -> None:
+        if num_pages <= RESERVED_PAGES:
+            raise ValueError(
+                f"the KV pool needs more than {RESERVED_PAGES} page(s), got {num_pages}"
+            )
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.device = torch.device(device)
+        self._free = list(range(num_pages - 1, RESERVED_PAGES - 1, -1))  # pop() gives low first
+        self._is_free = bytearray([0] * RESERVED_PAGES + [1] * (num_pages - RESERVED_PAGES))
+
+    @property
+    def total_slots(self) -> int:
+        """Slots that can ever be handed out (the reserved page excluded)."""
+        return (self.num_pages - RESERVED_PAGES) * self.page_size
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free) * self.page_size
+
+    def alloc_pages(self, n: int) -> list[int] | None:
+        """n whole pages, or None (and nothing taken) if fewer are free."""
+        if n > len(self._free):
+            return None
+        pages = [self._free.pop() for _ in range(n)]
+        for p in pages:
+            self._is_free[p] = 0
+        return pages
+
+    def free(self, slots: torch.Tensor) -> None:
+        """Give back the pages holding these slots (callers pass whole pages' worth of slots)."""
+        if slots.numel() == 0:
+            return
+        pages = torch.unique(slots.to("cpu", torch.int64) // self.page_size).tolist()
+        for p in pages:
+            assert p >= RESERVED_PAGES, "freeing the reserved padding page"
+            assert not self._is_free[p], f"KV page {p} freed twice"
+            self._is_free[p] = 1
+        self._free.extend(pages)
+
+    def page_slots(self, pages: list[int]) -> torch.Tensor:
+        """All slots of the given pages, in order: int64 [len(pages) * page_size]."""
+        base = torch.tensor(pages, dtype=torch.int64) * self.page_size
+        offs = torch.arange(self.page_size, dtype=torch.int64)
+        return (base[:, None] + offs[None, :]).reshape(-1).to(self.device)
+
+
+class KVPool:
+    """K and V buffers per layer, indexed by token slot: [num_slots, num_kv_heads, head_dim]."""
+
+    def __init__(
+        self,
+        num_slots: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.num_slots = num_slots
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_slot(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        return (
+            2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        )
+
+    def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        # loc: [T]; k, v: [T, Hkv, D]
+        self.k[layer][loc] = k.to(self.k[layer].dtype)
+        self.v[layer][loc] = v.to(self.v[layer].dtype)
+
+
+class ReqToTokenPool:
+    """Request slots: row r holds the KV slot of every token of the request in slot r."""
+
+    def __init__(self, max_reqs: int, max_context: int, device: torch.device | str) -> None:
+        self.max_reqs = max_reqs
+        self.max_context = max_context
+        self.table = torch.zeros((max_reqs, max_context), dtype=torch.int64, device=device)
+        self._free: list[int] = list(range(max_reqs - 1, -1, -1))
+
+    @property
+    def available(self) -> int:
+        return len(self._free)
+
+    def alloc(self) -> int | None:
+        return self._free.pop() if self._free else None
+
+    def free(self, row: int) -> None:
+        assert row not in self._free, f"request slot {row} freed twice"
+        self._free.append(row)

@@ -1,0 +1,232 @@
+"""ModelRunner: owns the model, the KV memory and the sampler; runs one Batch and returns a StepResult."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from weft.runtime.attention import create_attention_backend
+from weft.runtime.batch import Batch, ForwardBatch, ForwardMode
+from weft.runtime.config import EngineConfig
+from weft.runtime.loader import iterate_weights
+from weft.runtime.logprobs import LogprobRows, gather_logprobs
+from weft.runtime.memory import RESERVED_PAGES, KVPool, PageAllocator, ReqToTokenPool
+from weft.runtime.models import build_model, init_dummy_weights
+from weft.runtime.models.llama import head_dim_of
+from weft.runtime.request import Req
+from weft.runtime.sampler import Sampler, SamplingInputs
+
+logger = logging.getLogger(__name__)
+
+CPU_KV_BYTES = 1 << 30  # default CPU budget for the KV pool
+
+
+@dataclass
+class ReqStepResult:
+    """What one request got out of one step."""
+
+    next_id: int | None = None  # None: still prefilling, or max_new_tokens == 0
+    output_logprob: tuple[float, int] | None = None
+    output_top: list[tuple[float, int]] | None = None
+    output_ids_lp: list[tuple[float, int]] | None = None
+    input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
+    input_top: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_ids_lp: list[list[tuple[float, int]]] = field(default_factory=list)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model_path: Any, hf_config: Any, context_len: int):
+        self.config = config
+        self.device = torch.device(config.resolved_device)
+        self.dtype = config.torch_dtype
+        self.hf_config = hf_config
+        self.context_len = context_len
+        self.page_size = config.resolved_page_size
+        self.stop_ids: frozenset[int] = frozenset()  # set by the scheduler (model EOS ids)
+
+        t0 = time.perf_counter()
+        torch.manual_seed(config.seed)
+        self.model = build_model(hf_config, context_len, self.device, self.dtype)
+        if config.load_format == "dummy":
+            init_dummy_weights(self.model, config.seed)
+        else:
+            self.model.load_weights(iterate_weights(model_path, device=self.device))
+        logger.info("model loaded in %.1f s", time.perf_counter() - t0)
+
+        num_layers = hf_config.num_hidden_layers
+        kv_heads = hf_config.num_key_value_heads
+        head_dim = head_dim_of(hf_config)
+        num_pages = self._num_pages(
+            KVPool.bytes_per_slot(num_layers, kv_heads, head_dim, self.dtype)
+        )
+        self.allocator = PageAllocator(num_pages, self.page_size, self.device)
+        self.pool = KVPool(
+            num_pages * self.page_size, num_layers, kv_heads, head_dim, self.dtype, self.device
+        )
+        self.req_to_token = ReqToTokenPool(config.max_running_requests, context_len, self.device)
+        self.attn = create_attention_backend(
+            config.attention_backend, self.device.type, self.pool, self.req_to_token.table
+        )
+        self.sampler = Sampler(hf_config.vocab_size, self.device, config.seed)
+        self.num_forward_tokens = 0  # tokens actually run through the model (prefix reuse tests)
+        logger.info("KV pool: %d tokens in pages of %d", self.allocator.total_slots, self.page_size)
+
+    def _num_pages(self, bytes_per_slot: int) -> int:
+        if self.config.max_total_tokens is not None:
+            tokens = self.config.max_total_tokens
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            used_by_others = total - free
+            budget = int(total * self.config.mem_fraction) - used_by_others
+            if budget <= 0:
+                raise ValueError(
+                    f"no GPU memory left for the KV pool with mem_fraction={self.config.mem_fraction}"
+                )
+            tokens = budget // bytes_per_slot
+        else:
+            tokens = (self.config.kv_cache_bytes or CPU_KV_BYTES) // bytes_per_slot
+        return -(-tokens // self.page_size) + RESERVED_PAGES
+
+    ##### One step #####
+
+    @torch.no_grad()
+    def forward(self, batch: Batch) -> list[ReqStepResult]:
+        fb = self._forward_batch(batch)
+        self.attn.prepare(fb)
+        hidden = self.model(fb, self.attn)  # [T, hidden]
+        self.num_forward_tokens += fb.input_ids.numel()
+        return self._results(batch, hidden)
+
+    def _forward_batch(self, batch: Batch) -> ForwardBatch:
+        ids: list[int] = []
+        positions: list[int] = []
+        seq_lens: list[int] = []
+        for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
+            start = req.kv_len
+            ids += req.fill_ids[start : start + n]
+            positions += range(start, start + n)
+            seq_lens.append(start + n)
+        dev = self.device
+        rows = torch.tensor([r.row for r in batch.reqs], dtype=torch.int64, device=dev)
+        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+        row_per_token = torch.repeat_interleave(rows, torch.tensor(batch.extend_lens, device=dev))
+        return ForwardBatch(
+            mode=batch.mode,
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            positions=pos,
+            out_cache_loc=self.req_to_token.table[row_per_token, pos],
+            req_rows=rows,
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
+            extend_lens=torch.tensor(batch.extend_lens, dtype=torch.int64, device=dev),
+            seq_lens_cpu=seq_lens,
+            extend_lens_cpu=list(batch.extend_lens),
+        )
+
+    def _results(self, batch: Batch, hidden: torch.Tensor) -> list[ReqStepResult]:
+        results = [ReqStepResult() for _ in batch.reqs]
+        sample_rows: list[int] = []  # hidden rows to sample from
+        samplers: list[int] = []  # which requests sample
+        in_rows: list[LogprobRows] = []
+        offset = 0
+        for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True)):
+            done = req.kv_len + n == req.seq_len
+            if done and req.remaining_new_tokens > 0:
+                sample_rows.append(offset + n - 1)
+                samplers.append(i)
+            if batch.mode == ForwardMode.EXTEND and req.owes_input_logprobs:
+                rows = _input_logprob_rows(req, offset, n)
+                if rows is not None:
+                    in_rows.append(LogprobRows(i, *rows))
+            offset += n
+
+        if in_rows:
+            self._input_logprobs(batch, hidden, in_rows, results)
+        if not sample_rows:
+            return results
+        logits = self.model.compute_logits(hidden[sample_rows])  # [S, V]
+        reqs = [batch.reqs[i] for i in samplers]
+        inputs = [
+            SamplingInputs(r.params, r.input_ids, r.output_ids, self._stop_ids(r), r.generator)
+            for r in reqs
+        ]
+        want_lp = any(r.return_logprob for r in reqs)
+        out = self.sampler(logits, inputs, want_logprobs=want_lp)
+        next_ids = out.next_ids.tolist()
+        for k, i in enumerate(samplers):
+            results[i].next_id = next_ids[k]
+        if out.logprobs is not None:
+            for k, i in enumerate(samplers):
+                req = batch.reqs[i]
+                if not req.return_logprob:
+                    continue
+                chosen, top, by_id = gather_logprobs(
+                    out.logprobs[k : k + 1],
+                    [next_ids[k]],
+                    req.top_logprobs_num,
+                    req.token_ids_logprob,
+                )
+                results[i].output_logprob = chosen[0]
+                results[i].output_top = top[0] if req.top_logprobs_num else None
+                results[i].output_ids_lp = by_id[0] if req.token_ids_logprob else None
+        return results
+
+    def _stop_ids(self, req: Req) -> frozenset[int]:
+        ids = frozenset(req.params.stop_token_ids)
+        return ids if req.params.ignore_eos else ids | self.stop_ids
+
+    def _input_logprobs(
+        self,
+        batch: Batch,
+        hidden: torch.Tensor,
+        rows: list[LogprobRows],
+        results: list[ReqStepResult],
+    ) -> None:
+        flat = [h for r in rows for h in r.hidden_rows]
+        logprobs = (
+            torch.log_softmax(self.model.compute_logits(hidden[flat]), dim=-1) if flat else None
+        )
+        at = 0
+        for r in rows:
+            req = batch.reqs[r.req_index]
+            res = results[r.req_index]
+            if r.first_is_none:
+                res.input_logprobs.append((None, req.fill_ids[0]))
+                if req.top_logprobs_num:
+                    res.input_top.append([])
+                if req.token_ids_logprob:
+                    res.input_ids_lp.append([])
+            k = len(r.hidden_rows)
+            if k and logprobs is not None:
+                chosen, top, by_id = gather_logprobs(
+                    logprobs[at : at + k], r.targets, req.top_logprobs_num, req.token_ids_logprob
+                )
+                res.input_logprobs += chosen
+                if req.top_logprobs_num:
+                    res.input_top += top
+                if req.token_ids_logprob:
+                    res.input_ids_lp += by_id
+            at += k
+
+
+def _input_logprob_rows(req: Req, offset: int, n: int) -> tuple[list[int], list[int], bool] | None:
+    """Hidden rows (and the tokens they predict) for the prompt logprobs in this chunk.
+
+    The logprob of prompt token i comes from the logits at position i - 1; token 0 has none.
+    This chunk covers positions [kv_len, kv_len + n).
+    """
+    start = req.input_logprob_next
+    prompt_len = len(req.input_ids)
+    lo, hi = req.kv_len, req.kv_len + n
+    first_is_none = start == 0 and lo == 0
+    # predicted token i in [max(start, 1), prompt_len) needs position i - 1 in [lo, hi)
+    first = max(start, 1, lo + 1)
+    last = min(prompt_len, hi + 1)  # exclusive
+    hidden_rows = [offset + (i - 1 - lo) for i in range(first, last)]
+    targets = [req.input_ids[i] for i in range(first, last)]
+    if not hidden_rows and not first_is_none:
+        return None
+    return hidden_rows, targets, first_is_none

@@ -1,0 +1,317 @@
+"""Scheduler: the loop (receive -> schedule -> run -> process results) and its process entry point."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from weft.radix import NoCache, PrefixCache, RadixCache
+from weft.runtime.batch import Batch, ForwardMode
+from weft.runtime.cache_manager import KVCacheManager
+from weft.runtime.config import EngineConfig
+from weft.runtime.decode import build_decode_batch, retract_for_decode
+from weft.runtime.finish import StopState, check_finish, token_out
+from weft.runtime.ipc import Channel, Endpoints, die_with_parent, parent_alive, setup_child_logging
+from weft.runtime.loader import load_tokenizer, read_hf_config
+from weft.runtime.messages import (
+    AbortReq,
+    BatchTokenOut,
+    FinishReason,
+    FlushCacheOut,
+    FlushCacheReq,
+    GetStateReq,
+    Message,
+    ReadyOut,
+    StateOut,
+    TokenizedGenerateReq,
+)
+from weft.runtime.model_info import ModelInfo
+from weft.runtime.model_runner import ModelRunner, ReqStepResult
+from weft.runtime.prefill import PrefillAdder, decode_reserve, order_waiting
+from weft.runtime.request import Req
+from weft.runtime.sampler import make_generator
+
+logger = logging.getLogger(__name__)
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.001
+IDLE_POLL_MS = 200
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, model_path: Path, channel: Channel | None) -> None:
+        self.config = config
+        self.channel = channel
+        hf_config = read_hf_config(model_path)
+        self.info = ModelInfo.from_folder(model_path, hf_config, config)
+        self.tokenizer = load_tokenizer(model_path)
+        self.runner = ModelRunner(config, model_path, hf_config, self.info.context_len)
+        self.runner.stop_ids = self.info.eos_ids
+        tree: PrefixCache = (
+            NoCache(self.runner.allocator, self.runner.page_size)
+            if config.disable_radix_cache
+            else RadixCache(self.runner.allocator, self.runner.page_size)
+        )
+        self.cache = KVCacheManager(self.runner.allocator, tree, self.runner.req_to_token)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.arrivals = 0
+        self.stats: dict[str, int] = {"retractions": 0, "prompt_tokens": 0, "cached_tokens": 0}
+        self.checked_idle = True
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.runner.allocator.total_slots
+
+    ##### The loop #####
+
+    def run_forever(self, parent_pid: int) -> None:
+        while True:
+            self.receive(parent_pid)
+            batch = self.schedule()
+            if batch is None:
+                continue
+            results = self.runner.forward(batch)
+            self.process_results(batch, results)
+
+    def receive(self, parent_pid: int) -> None:
+        assert self.channel is not None
+        msgs = self.channel.recv_all()
+        while not msgs and not self.has_work():
+            self.on_idle()
+            msg = self.channel.recv(IDLE_POLL_MS)
+            if msg is not None:
+                msgs.append(msg)
+            elif not parent_alive(parent_pid):
+                raise SystemExit("parent process is gone")
+        for msg in msgs:
+            self.handle(msg)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked)
+
+    def on_idle(self) -> None:
+        """Runs once each time the scheduler becomes idle: the KV conservation check."""
+        if not self.checked_idle:
+            self.cache.check_conservation()
+            self.checked_idle = True
+
+    ##### Requests in #####
+
+    def handle(self, msg: Message) -> None:
+        if isinstance(msg, TokenizedGenerateReq):
+            self.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.abort(msg)
+        elif isinstance(msg, FlushCacheReq):
+            self.reply(self.flush_cache())
+        elif isinstance(msg, GetStateReq):
+            self.reply(StateOut(self.state()))
+        else:
+            logger.error("scheduler got an unexpected message %s", type(msg).__name__)
+
+    def add_request(self, msg: TokenizedGenerateReq) -> None:
+        self.arrivals += 1
+        req = Req.from_msg(msg, msg.max_new_tokens, self.arrivals)
+        problem = self.info.check_request(
+            len(req.input_ids), req.max_new_tokens, self.max_total_tokens
+        )
+        if problem is None and any(t >= self.info.vocab_size or t < 0 for t in req.input_ids):
+            problem = "input_ids contain a token id outside the vocabulary"
+        if problem is not None:  # the engine checks these too; never trust the socket
+            req.finish = FinishReason("abort", message=problem)
+            self.emit([req])
+            return
+        if req.params.sampling_seed is not None:
+            req.generator = make_generator(req.params.sampling_seed, self.runner.device)
+        req.stop_state = StopState.for_req(req, self.tokenizer)
+        self.waiting.append(req)
+        self.checked_idle = False
+
+    def abort(self, msg: AbortReq) -> None:
+        def hit(r: Req) -> bool:
+            return msg.abort_all or r.rid == msg.rid
+
+        aborted = [r for r in self.waiting if hit(r)]
+        self.waiting = [r for r in self.waiting if not hit(r)]
+        for req in [*self.running, *([self.chunked] if self.chunked else [])]:
+            if hit(req):
+                self.cache.cache_req(req, release=True)
+                aborted.append(req)
+        self.running = [r for r in self.running if not hit(r)]
+        if self.chunked is not None and hit(self.chunked):
+            self.chunked = None
+        for req in aborted:
+            req.finish = FinishReason("abort", message="aborted by request")
+        self.emit(aborted)
+
+    def flush_cache(self) -> FlushCacheOut:
+        if self.has_work():
+            return FlushCacheOut(False, "Cache not flushed: there are running or waiting requests.")
+        self.cache.tree.reset()
+        return FlushCacheOut(True, "Cache flushed.")
+
+    def state(self) -> dict[str, Any]:
+        alloc = self.runner.allocator
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting) + (1 if self.chunked else 0),
+            "max_total_tokens": self.max_total_tokens,
+            "free_tokens": alloc.free_slots,
+            "evictable_tokens": self.cache.tree.evictable_size(),
+            "protected_tokens": self.cache.tree.protected_size(),
+            "num_forward_tokens": self.runner.num_forward_tokens,
+            "new_token_ratio": self.new_token_ratio,
+            "page_size": self.runner.page_size,
+            **self.stats,
+        }
+
+    ##### Scheduling #####
+
+    def schedule(self) -> Batch | None:
+        batch = self.schedule_prefill()
+        if batch is not None:
+            return batch
+        if not self.running:
+            return None
+        retracted = retract_for_decode(self.running, self.cache)
+        if retracted:
+            self.stats["retractions"] += len(retracted)
+            self.running = [r for r in self.running if r not in retracted]
+            self.waiting += retracted
+            self.new_token_ratio = min(1.0, self.new_token_ratio + 0.3)
+            logger.info("KV pool full: retracted %d request(s)", len(retracted))
+        else:
+            self.new_token_ratio = max(
+                MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
+            )
+        return build_decode_batch(self.running, self.cache)
+
+    def schedule_prefill(self) -> Batch | None:
+        if not self.waiting and self.chunked is None:
+            return None
+        free_rows = self.config.max_running_requests - len(self.running)
+        adder = PrefillAdder(
+            cache=self.cache,
+            token_budget=self.config.max_prefill_tokens,
+            chunk_size=self.config.chunked_prefill_size,
+            max_new_reqs=free_rows,
+            reserved=decode_reserve(self.running, self.new_token_ratio),
+            new_token_ratio=self.new_token_ratio,
+            idle=not self.running,
+        )
+        if self.chunked is not None:
+            chunked, self.chunked = self.chunked, None
+            if not adder.add(chunked):  # no room to go on: give its KV to the tree, retry later
+                self.cache.cache_req(chunked, release=True)
+                self.waiting.insert(0, chunked)
+        if adder.chunked is None:
+            for req in order_waiting(self.waiting, self.config.schedule_policy, self.cache):
+                if not adder.add(req):
+                    break
+        batch = adder.batch()
+        if batch is None:
+            return None
+        admitted = set(map(id, batch.reqs))
+        self.waiting = [r for r in self.waiting if id(r) not in admitted]
+        self.chunked = adder.chunked
+        for req in batch.reqs:
+            if not req.admitted:
+                req.admitted = True
+                req.cached_tokens = req.prefix_len
+        return batch
+
+    ##### Results out #####
+
+    def process_results(self, batch: Batch, results: list[ReqStepResult]) -> None:
+        report: list[Req] = []
+        still_running: list[Req] = []
+        for req, n, res in zip(batch.reqs, batch.extend_lens, results, strict=True):
+            req.kv_len += n
+            self._collect_logprobs(req, res)
+            if batch.mode == ForwardMode.EXTEND and req.kv_len < req.seq_len:
+                self.cache.cache_req(req, release=False)  # a chunk: share what is done
+                if req.stream and req.in_logprobs:
+                    report.append(req)
+                continue
+            if batch.mode == ForwardMode.EXTEND:
+                self.stats["prompt_tokens"] += len(req.input_ids) if req.num_retractions == 0 else 0
+                self.stats["cached_tokens"] += req.cached_tokens if req.num_retractions == 0 else 0
+            if res.next_id is None:
+                req.finish = FinishReason("length", length=req.max_new_tokens)
+            else:
+                req.output_ids.append(res.next_id)
+                req.finish = check_finish(req, res.next_id, self.info.eos_ids)
+            if req.finished:
+                self.cache.cache_req(req, release=True)
+            else:
+                if batch.mode == ForwardMode.EXTEND:
+                    self.cache.cache_req(req, release=False)
+                still_running.append(req)
+            if req.finished or req.stream:
+                report.append(req)
+        if batch.mode == ForwardMode.DECODE:
+            self.running = still_running
+        else:
+            self.running += still_running
+        self.emit(report)
+
+    def _collect_logprobs(self, req: Req, res: ReqStepResult) -> None:
+        if res.output_logprob is not None:
+            req.out_logprobs.append(res.output_logprob)
+        if res.output_top is not None:
+            req.out_top_logprobs.append(res.output_top)
+        if res.output_ids_lp is not None:
+            req.out_ids_logprobs.append(res.output_ids_lp)
+        req.in_logprobs += res.input_logprobs
+        req.input_logprob_next += len(res.input_logprobs)
+        req.in_top_logprobs += res.input_top
+        req.in_ids_logprobs += res.input_ids_lp
+
+    def emit(self, reqs: list[Req]) -> None:
+        if reqs and self.channel is not None:
+            self.channel.send("detokenizer", BatchTokenOut([token_out(r) for r in reqs]))
+
+    def reply(self, msg: Message) -> None:
+        if self.channel is not None:
+            self.channel.send("engine", msg)
+
+
+def run_scheduler_process(
+    config: EngineConfig, model_path: str, ends: Endpoints, parent: int
+) -> None:
+    """Entry point of the scheduler child process."""
+    die_with_parent()
+    setup_child_logging(config.log_level, "scheduler")
+    channel = Channel(ends.scheduler, {"detokenizer": ends.detokenizer, "engine": ends.engine})
+    try:
+        t0 = time.perf_counter()
+        scheduler = Scheduler(config, Path(model_path), channel)
+        info = {
+            "max_total_tokens": scheduler.max_total_tokens,
+            "page_size": scheduler.runner.page_size,
+            "load_seconds": round(time.perf_counter() - t0, 2),
+            "pid": os.getpid(),
+        }
+        channel.send("engine", ReadyOut("scheduler", info))
+    except Exception as exc:
+        logger.error("scheduler failed to start:\n%s", traceback.format_exc())
+        channel.send("engine", ReadyOut("scheduler", error=f"{type(exc).__name__}: {exc}"))
+        channel.close()
+        raise SystemExit(1) from exc
+    try:
+        scheduler.run_forever(parent)
+    except SystemExit:
+        raise
+    except BaseException:
+        logger.critical("scheduler crashed:\n%s", traceback.format_exc())
+        raise SystemExit(1) from None
+    finally:
+        channel.close()

@@ -1,0 +1,51 @@
+"""Shared fixtures: the packaged model's converted folder and a tiny random model built from it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The packaged SmolLM2-135M-Instruct, converted once into the default cache."""
+    from weft.runtime.config import default_cache_dir
+    from weft.runtime.loader import resolve_model_path
+
+    return resolve_model_path(None, default_cache_dir())
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    """A 2-layer random Llama with SmolLM2's tokenizer: fast scheduler tests with real text."""
+    import shutil
+
+    import torch
+    import transformers
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    config = transformers.LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        eos_token_id=2,
+        bos_token_id=1,
+        architectures=["LlamaForCausalLM"],
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    for name in os.listdir(default_model_dir):
+        if "token" in name or name.endswith(".jinja"):
+            shutil.copy(default_model_dir / name, folder / name)
+    return folder

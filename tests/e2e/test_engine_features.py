@@ -1,0 +1,174 @@
+"""Engine features on a tiny random Llama with SmolLM2's tokenizer: stops, EOS, n, seeds, streaming,
+abort, prefill-only requests, and process lifetime. Logit bias makes the random model predictable."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import weft
+from weft.runtime.tokenizer_manager import RuntimeDown
+
+WORLD = 905  # " world"
+EOS = 2  # <|im_end|>
+FORCE_WORLD = {"logit_bias": {str(WORLD): 100.0}}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: Path) -> Any:
+    with weft.Engine(str(tiny_model_dir), seed=0) as eng:
+        yield eng
+
+
+def gen(engine: Any, prompt: str = "Hi", **params: Any) -> dict[str, Any]:
+    out = engine.generate(prompt, {"temperature": 0, "max_new_tokens": 8, **params})
+    assert isinstance(out, dict)
+    return out
+
+
+def test_stop_string_is_trimmed_unless_no_stop_trim(engine: Any) -> None:
+    out = gen(engine, stop="world w", **FORCE_WORLD)
+    assert out["text"] == " "
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": "world w"}
+    assert out["output_ids"] == [WORLD, WORLD]
+    kept = gen(engine, stop=["never", "world w"], no_stop_trim=True, **FORCE_WORLD)
+    assert kept["text"] == " world world"
+
+
+def test_stop_regex_is_trimmed(engine: Any) -> None:
+    out = gen(engine, stop_regex=r"(world ){2}", **FORCE_WORLD)
+    assert out["text"] == " world world world"[: len(" ")]
+    assert out["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+def test_stop_token_ids_and_eos(engine: Any) -> None:
+    out = gen(engine, stop_token_ids=[WORLD], **FORCE_WORLD)
+    assert out["output_ids"] == [WORLD]
+    assert out["text"] == ""
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": WORLD}
+    kept = gen(engine, stop_token_ids=[WORLD], no_stop_trim=True, **FORCE_WORLD)
+    assert kept["text"] == " world"
+
+    eos = gen(engine, logit_bias={str(EOS): 100.0})
+    assert eos["output_ids"] == [EOS]
+    assert eos["meta_info"]["finish_reason"] == {"type": "stop", "matched": EOS}
+    ignored = gen(engine, logit_bias={str(EOS): 100.0}, ignore_eos=True)
+    assert ignored["output_ids"] == [EOS] * 8
+    assert ignored["meta_info"]["finish_reason"] == {"type": "length", "length": 8}
+
+
+def test_min_new_tokens_masks_eos(engine: Any) -> None:
+    out = gen(engine, logit_bias={str(EOS): 100.0}, min_new_tokens=3)
+    assert len(out["output_ids"]) == 4
+    assert EOS not in out["output_ids"][:3] and out["output_ids"][3] == EOS
+
+
+def test_max_new_tokens_zero_and_none(engine: Any) -> None:
+    zero = gen(engine, max_new_tokens=0)
+    assert zero["output_ids"] == [] and zero["text"] == ""
+    assert zero["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+    ids = engine.tokenizer.encode("Hi")
+    unlimited = engine.generate(
+        input_ids=ids, sampling_params={"max_new_tokens": None, "ignore_eos": True, "temperature": 0}
+    )
+    assert len(unlimited["output_ids"]) == 512 - len(ids)  # up to the context length
+
+
+def test_seed_reproducible_and_batch_independent(engine: Any) -> None:
+    params = {"temperature": 1.0, "max_new_tokens": 12, "sampling_seed": 1234}
+    a = engine.generate("Seeded", params)["output_ids"]
+    b = engine.generate(["Other prompt", "Seeded"], [{"temperature": 1.0}, params])[1]["output_ids"]
+    assert a == b
+    c = engine.generate("Seeded", {**params, "sampling_seed": 99})["output_ids"]
+    assert c != a
+
+
+def test_n_samples(engine: Any) -> None:
+    outs = engine.generate("Pick", {"temperature": 1.0, "max_new_tokens": 6, "n": 3, "sampling_seed": 5})
+    assert isinstance(outs, list) and len(outs) == 3
+    assert len({tuple(o["output_ids"]) for o in outs}) > 1
+    again = engine.generate("Pick", {"temperature": 1.0, "max_new_tokens": 6, "n": 3, "sampling_seed": 5})
+    assert [o["output_ids"] for o in again] == [o["output_ids"] for o in outs]
+    # the samples share the prompt through the cache (prefilled once first)
+    assert all(o["meta_info"]["cached_tokens"] == o["meta_info"]["prompt_tokens"] - 1 for o in outs)
+    batch = engine.generate(["a", "b"], {"temperature": 0, "max_new_tokens": 2, "n": 2})
+    assert len(batch) == 4
+
+
+def test_stream_deltas_add_up(engine: Any) -> None:
+    params = {"temperature": 0, "max_new_tokens": 20}
+    full = engine.generate("Stream me", params)
+    chunks = list(engine.generate("Stream me", params, stream=True))
+    assert len(chunks) > 1
+    assert "".join(c["text"] for c in chunks) == full["text"]
+    assert [t for c in chunks for t in c["output_ids"]] == full["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 20}
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_stream_holds_back_a_partial_stop_string(engine: Any) -> None:
+    chunks = list(
+        engine.generate("Hi", {"temperature": 0, "max_new_tokens": 8, "stop": " world world world", **FORCE_WORLD}, stream=True)
+    )
+    assert "".join(c["text"] for c in chunks) == ""
+
+
+def test_async_generate(engine: Any) -> None:
+    async def main() -> tuple[Any, list[Any]]:
+        one = await engine.async_generate("Async", sampling_params={"temperature": 0, "max_new_tokens": 4})
+        stream = await engine.async_generate("Async", stream=True, sampling_params={"temperature": 0, "max_new_tokens": 4})
+        return one, [c async for c in stream]
+
+    one, chunks = asyncio.run(main())
+    assert "".join(c["text"] for c in chunks) == one["text"]
+
+
+def test_abort_by_rid(engine: Any) -> None:
+    stream = engine.generate(
+        "Long", {"max_new_tokens": 400, "ignore_eos": True}, stream=True, rid="to-abort"
+    )
+    first = next(stream)
+    assert first["meta_info"]["finish_reason"] is None
+    engine.abort("to-abort")
+    last = list(stream)[-1]
+    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    assert gen(engine)["meta_info"]["completion_tokens"] == 8
+
+
+def test_duplicate_rid_rejected(engine: Any) -> None:
+    with pytest.raises(ValueError, match="unique"):
+        engine.generate(["a", "b"], rid=["same", "same"])
+
+
+def test_flush_cache_and_state(engine: Any) -> None:
+    gen(engine, "Fill the cache")
+    assert engine.get_state()["evictable_tokens"] > 0
+    assert engine.flush_cache()
+    state = engine.get_state()
+    assert state["evictable_tokens"] == 0
+    assert state["free_tokens"] == state["max_total_tokens"]
+
+
+def test_child_death_stops_the_engine_with_a_clear_error(tiny_model_dir: Path) -> None:
+    eng = weft.Engine(str(tiny_model_dir))
+    try:
+        procs = list(eng._procs.values())
+        eng._procs["scheduler"].kill()
+        with pytest.raises(RuntimeDown, match="scheduler process exited"):
+            for _ in range(100):
+                gen(eng)
+    finally:
+        eng.shutdown()
+    assert not any(p.is_alive() for p in procs)
+
+
+def test_shutdown_leaves_no_process(tiny_model_dir: Path) -> None:
+    with weft.Engine(str(tiny_model_dir)) as eng:
+        procs = list(eng._procs.values())
+        assert all(p.is_alive() for p in procs)
+    assert not any(p.is_alive() for p in procs)
+    with pytest.raises(RuntimeDown):
+        gen(eng)

