@@ -38,7 +38,9 @@ def make_prompts(tokenizer: Any, n: int) -> list[str]:
     prompts = []
     for i in range(n):
         msg = [{"role": "user", "content": f"Explain {TOPICS[i % len(TOPICS)]} (part {i})."}]
-        prompts.append(tokenizer.apply_chat_template(msg, tokenize=False, add_generation_prompt=True))
+        prompts.append(
+            tokenizer.apply_chat_template(msg, tokenize=False, add_generation_prompt=True)
+        )
     return prompts
 
 
@@ -56,13 +58,17 @@ def bench_weft(engine: Any, prompts: list[str], new_tokens: int, concurrency: in
     return done / elapsed
 
 
-def bench_hf(model: Any, tokenizer: Any, prompts: list[str], new_tokens: int, concurrency: int) -> float:
+def bench_hf(
+    model: Any, tokenizer: Any, prompts: list[str], new_tokens: int, concurrency: int
+) -> float:
     tokenizer.padding_side = "left"
     device = next(model.parameters()).device
     done = 0
     start = time.perf_counter()
     for i in range(0, len(prompts), concurrency):
-        batch = tokenizer(prompts[i : i + concurrency], return_tensors="pt", padding=True).to(device)
+        batch = tokenizer(prompts[i : i + concurrency], return_tensors="pt", padding=True).to(
+            device
+        )
         with torch.no_grad():
             out = model.generate(
                 **batch,
@@ -76,7 +82,9 @@ def bench_hf(model: Any, tokenizer: Any, prompts: list[str], new_tokens: int, co
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default=None, help="HF folder or .gguf (default: packaged SmolLM2)")
     ap.add_argument("--num-prompts", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -95,13 +103,19 @@ def main() -> None:
         engine.shutdown()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+    hf = (
+        transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
+    )
     hf_tok = transformers.AutoTokenizer.from_pretrained(model_path)
     for c in args.concurrency:
         bench_hf(hf, hf_tok, prompts[:c], 4, c)  # warm-up
         results[f"hf_c{c}"] = bench_hf(hf, hf_tok, prompts, args.new_tokens, c)
         results[f"ratio_c{c}"] = results[f"weft_c{c}"] / results[f"hf_c{c}"]
-    print(json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in results.items()}, indent=2))
+    print(
+        json.dumps(
+            {k: round(v, 2) if isinstance(v, float) else v for k, v in results.items()}, indent=2
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -61,7 +61,9 @@ class PrefillAdder:
             return self._undo(req, fresh)
         # admit only if the whole rest of the prompt and its decode reserve fit, even when just a
         # first chunk runs now: a chunk that can never be followed would livelock
-        future = math.ceil(min(req.remaining_new_tokens, DECODE_RESERVE_CLIP) * self.new_token_ratio)
+        future = math.ceil(
+            min(req.remaining_new_tokens, DECODE_RESERVE_CLIP) * self.new_token_ratio
+        )
         need = self.cache.pages_needed(req, n) * self.cache.page_size
         alone = self.idle and not self.reqs  # fits by construction (boundary checks)
         if not alone and need + self.reserved + future > self.cache.available_tokens:

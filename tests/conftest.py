@@ -12,12 +12,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 @pytest.fixture(scope="session")
-def default_model_dir() -> Path:
-    """The packaged SmolLM2-135M-Instruct, converted once into the default cache."""
-    from weft.runtime.config import default_cache_dir
+def weft_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private model cache for the session (never the user's ~/.cache/weft)."""
+    return tmp_path_factory.mktemp("weft-cache")
+
+
+@pytest.fixture(scope="session")
+def default_model_dir(weft_cache: Path) -> Path:
+    """The packaged SmolLM2-135M-Instruct, converted once into the session cache."""
     from weft.runtime.loader import resolve_model_path
 
-    return resolve_model_path(None, default_cache_dir())
+    return resolve_model_path(None, weft_cache)
 
 
 @pytest.fixture(scope="session")

@@ -31,11 +31,6 @@ TEXTS = [
 
 
 @pytest.fixture(scope="session")
-def weft_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("weft-cache")
-
-
-@pytest.fixture(scope="session")
 def converted(weft_cache):
     start = time.perf_counter()
     folder = resolve_model_path(None, weft_cache)

@@ -72,7 +72,8 @@ def test_max_new_tokens_zero_and_none(engine: Any) -> None:
     assert zero["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
     ids = engine.tokenizer.encode("Hi")
     unlimited = engine.generate(
-        input_ids=ids, sampling_params={"max_new_tokens": None, "ignore_eos": True, "temperature": 0}
+        input_ids=ids,
+        sampling_params={"max_new_tokens": None, "ignore_eos": True, "temperature": 0},
     )
     assert len(unlimited["output_ids"]) == 512 - len(ids)  # up to the context length
 
@@ -87,10 +88,14 @@ def test_seed_reproducible_and_batch_independent(engine: Any) -> None:
 
 
 def test_n_samples(engine: Any) -> None:
-    outs = engine.generate("Pick", {"temperature": 1.0, "max_new_tokens": 6, "n": 3, "sampling_seed": 5})
+    outs = engine.generate(
+        "Pick", {"temperature": 1.0, "max_new_tokens": 6, "n": 3, "sampling_seed": 5}
+    )
     assert isinstance(outs, list) and len(outs) == 3
     assert len({tuple(o["output_ids"]) for o in outs}) > 1
-    again = engine.generate("Pick", {"temperature": 1.0, "max_new_tokens": 6, "n": 3, "sampling_seed": 5})
+    again = engine.generate(
+        "Pick", {"temperature": 1.0, "max_new_tokens": 6, "n": 3, "sampling_seed": 5}
+    )
     assert [o["output_ids"] for o in again] == [o["output_ids"] for o in outs]
     # the samples share the prompt through the cache (prefilled once first)
     assert all(o["meta_info"]["cached_tokens"] == o["meta_info"]["prompt_tokens"] - 1 for o in outs)
@@ -111,15 +116,23 @@ def test_stream_deltas_add_up(engine: Any) -> None:
 
 def test_stream_holds_back_a_partial_stop_string(engine: Any) -> None:
     chunks = list(
-        engine.generate("Hi", {"temperature": 0, "max_new_tokens": 8, "stop": " world world world", **FORCE_WORLD}, stream=True)
+        engine.generate(
+            "Hi",
+            {"temperature": 0, "max_new_tokens": 8, "stop": " world world world", **FORCE_WORLD},
+            stream=True,
+        )
     )
     assert "".join(c["text"] for c in chunks) == ""
 
 
 def test_async_generate(engine: Any) -> None:
     async def main() -> tuple[Any, list[Any]]:
-        one = await engine.async_generate("Async", sampling_params={"temperature": 0, "max_new_tokens": 4})
-        stream = await engine.async_generate("Async", stream=True, sampling_params={"temperature": 0, "max_new_tokens": 4})
+        one = await engine.async_generate(
+            "Async", sampling_params={"temperature": 0, "max_new_tokens": 4}
+        )
+        stream = await engine.async_generate(
+            "Async", stream=True, sampling_params={"temperature": 0, "max_new_tokens": 4}
+        )
         return one, [c async for c in stream]
 
     one, chunks = asyncio.run(main())

@@ -40,8 +40,8 @@ def hf_model(default_model_dir: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
-def engine(default_model_dir: Path) -> Any:
-    with weft.Engine(seed=0) as eng:
+def engine(default_model_dir: Path, weft_cache: Path) -> Any:
+    with weft.Engine(seed=0, cache_dir=str(weft_cache)) as eng:
         yield eng
 
 
@@ -131,11 +131,15 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def test_memory_pressure_retracts_and_matches(engine: Any, prompts: list[str]) -> None:
+def test_memory_pressure_retracts_and_matches(
+    engine: Any, prompts: list[str], default_model_dir: Path
+) -> None:
     many = [prompts[i % len(prompts)] + f" ({i})" for i in range(20)]
     expected = [o["output_ids"] for o in engine.generate(many, GREEDY)]
     longest = max(len(engine.tokenizer.encode(p)) for p in many) + 32
-    with weft.Engine(max_total_tokens=2 * longest + 8, page_size=4) as small:
+    with weft.Engine(
+        str(default_model_dir), max_total_tokens=2 * longest + 8, page_size=4
+    ) as small:
         got = [o["output_ids"] for o in small.generate(many, GREEDY)]
         state = small.get_state()
     assert got == expected
@@ -145,7 +149,9 @@ def test_memory_pressure_retracts_and_matches(engine: Any, prompts: list[str]) -
     assert state["free_tokens"] + state["evictable_tokens"] == state["max_total_tokens"]
 
 
-def test_chunked_prefill_matches_unchunked(engine: Any, prompts: list[str]) -> None:
+def test_chunked_prefill_matches_unchunked(
+    engine: Any, prompts: list[str], default_model_dir: Path
+) -> None:
     long_prompts = [p * 4 for p in prompts[:4]]
     expected = [o["output_ids"] for o in engine.generate(long_prompts, GREEDY)]
     with weft.Engine(

@@ -294,6 +294,7 @@ def test_admit_after_retraction_ignores_the_logprob_cap() -> None:
     seed_tree(cache, BASE[:10])
     req = make_req("r", BASE[:8], return_logprob=True, logprob_start_len=2)
     req.output_ids = [BASE[8], BASE[9], 5]
+    req.input_logprob_next = 8  # the first prefill delivered every prompt logprob
     assert cache.admit(req)
     assert req.prefix_len == 10
 

@@ -371,7 +371,7 @@ def test_adder_refusal_unlocks_the_matched_prefix(page_size: int) -> None:
     p = page_size
     cache = make_cache(p, num_pages=9)
     seed_tree(cache, [5] * (4 * p))
-    adder = make_adder(cache, reserved=6 * p)
+    adder = make_adder(cache, reserved=6 * p, idle=False)
     req = make_req("r", [5] * (4 * p) + [1] * (3 * p))
     before = state(cache)
     assert not adder.add(req)
