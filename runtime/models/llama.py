@@ -112,6 +112,8 @@ class LlamaForCausalLM(nn.Module):
             if target is None:
                 continue
             name, shard = target
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue  # some tied checkpoints store the shared matrix twice
             if name not in params:
                 raise ValueError(f"checkpoint tensor {hf_name!r} has no place in this model")
             param = params[name]

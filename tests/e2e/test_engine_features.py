@@ -185,3 +185,30 @@ def test_shutdown_leaves_no_process(tiny_model_dir: Path) -> None:
     assert not any(p.is_alive() for p in procs)
     with pytest.raises(RuntimeDown):
         gen(eng)
+
+
+def test_paged_prefix_reuse_is_page_aligned(tiny_model_dir: Path) -> None:
+    with weft.Engine(str(tiny_model_dir), page_size=4) as eng:
+        shared = list(range(1000, 1023))  # 23 shared tokens
+        first = eng.generate(input_ids=shared + [5, 6], sampling_params={"max_new_tokens": 3})
+        assert first["meta_info"]["cached_tokens"] == 0
+        before = eng.get_state()["num_forward_tokens"]
+        second = eng.generate(input_ids=shared + [7, 8, 9], sampling_params={"max_new_tokens": 3})
+        ran = eng.get_state()["num_forward_tokens"] - before
+        assert second["meta_info"]["cached_tokens"] == 20  # 23 rounded down to whole pages
+        assert ran == 26 - 20 + 2
+        # the whole first request (prompt + output but the last token) went into the tree
+        again = eng.generate(
+            input_ids=shared + [5, 6] + first["output_ids"], sampling_params={"max_new_tokens": 1}
+        )
+        assert again["meta_info"]["cached_tokens"] == 24
+        state = eng.get_state()
+        assert state["free_tokens"] + state["evictable_tokens"] == state["max_total_tokens"]
+
+
+def test_dummy_weights_engine(tiny_model_dir: Path) -> None:
+    with weft.Engine(str(tiny_model_dir), load_format="dummy", seed=3) as eng:
+        a = eng.generate("Hi", {"temperature": 0, "max_new_tokens": 5})
+    with weft.Engine(str(tiny_model_dir), load_format="dummy", seed=3) as eng:
+        b = eng.generate("Hi", {"temperature": 0, "max_new_tokens": 5})
+    assert a["output_ids"] == b["output_ids"] and len(a["output_ids"]) == 5
