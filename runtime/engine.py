@@ -38,7 +38,11 @@ class Engine:
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
         self.config = EngineConfig.from_kwargs(model=model, **kwargs)
         self._closed = False
-        self.model_path = resolve_model_path(self.config.model, self.config.resolved_cache_dir)
+        self.model_path = resolve_model_path(
+            self.config.model,
+            self.config.resolved_cache_dir,
+            need_weights=self.config.load_format != "dummy",
+        )
         tokenizer_path = self.config.tokenizer or self.model_path
         self.tokenizer = load_tokenizer(tokenizer_path)
         self.info = ModelInfo.from_folder(

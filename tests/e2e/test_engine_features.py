@@ -4,6 +4,7 @@ abort, prefill-only requests, and process lifetime. Logit bias makes the random 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -206,9 +207,17 @@ def test_paged_prefix_reuse_is_page_aligned(tiny_model_dir: Path) -> None:
         assert state["free_tokens"] + state["evictable_tokens"] == state["max_total_tokens"]
 
 
-def test_dummy_weights_engine(tiny_model_dir: Path) -> None:
-    with weft.Engine(str(tiny_model_dir), load_format="dummy", seed=3) as eng:
+def test_dummy_weights_engine(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """load_format="dummy" needs only config.json (and a tokenizer): no weight files."""
+    import shutil
+
+    for name in os.listdir(tiny_model_dir):
+        if not name.endswith(".safetensors"):
+            shutil.copy(tiny_model_dir / name, tmp_path / name)
+    with pytest.raises(ValueError, match="safetensors"):
+        weft.Engine(str(tmp_path))
+    with weft.Engine(str(tmp_path), load_format="dummy", seed=3) as eng:
         a = eng.generate("Hi", {"temperature": 0, "max_new_tokens": 5})
-    with weft.Engine(str(tiny_model_dir), load_format="dummy", seed=3) as eng:
+    with weft.Engine(str(tmp_path), load_format="dummy", seed=3) as eng:
         b = eng.generate("Hi", {"temperature": 0, "max_new_tokens": 5})
     assert a["output_ids"] == b["output_ids"] and len(a["output_ids"]) == 5
