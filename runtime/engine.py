@@ -6,22 +6,14 @@ import asyncio
 import atexit
 import concurrent.futures
 import logging
-import multiprocessing as mp
-import os
-import shutil
 import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from weft.runtime.config import EngineConfig
-from weft.runtime.detokenizer import run_detokenizer_process
 from weft.runtime.generate_input import GenerateInput
-from weft.runtime.ipc import Endpoints
-from weft.runtime.loader import load_tokenizer, read_hf_config, resolve_model_path
-from weft.runtime.messages import ReadyOut
-from weft.runtime.model_info import ModelInfo
-from weft.runtime.scheduler import run_scheduler_process
-from weft.runtime.tokenizer_manager import ReqState, RuntimeDown, TokenizerManager
+from weft.runtime.launch import start_runtime
+from weft.runtime.tokenizer_manager import ReqState, RuntimeDown
 
 logger = logging.getLogger(__name__)
 
@@ -38,48 +30,25 @@ class Engine:
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
         self.config = EngineConfig.from_kwargs(model=model, **kwargs)
         self._closed = False
-        self.model_path = resolve_model_path(
-            self.config.model,
-            self.config.resolved_cache_dir,
-            need_weights=self.config.load_format != "dummy",
-        )
-        tokenizer_path = self.config.tokenizer or self.model_path
-        self.tokenizer = load_tokenizer(tokenizer_path)
-        self.info = ModelInfo.from_folder(
-            self.model_path, read_hf_config(self.model_path), self.config
-        )
-        ends, self._ipc_dir = Endpoints.in_private_dir()
-        ctx = mp.get_context("spawn")
-        parent = os.getpid()
-        self._procs = {
-            "scheduler": ctx.Process(
-                target=run_scheduler_process,
-                args=(self.config, str(self.model_path), ends, parent),
-                name="weft-scheduler",
-                daemon=True,
-            ),
-            "detokenizer": ctx.Process(
-                target=run_detokenizer_process,
-                args=(self.config, str(tokenizer_path), ends, parent),
-                name="weft-detokenizer",
-                daemon=True,
-            ),
-        }
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="weft-engine", daemon=True
         )
         self._thread.start()
-        self._tm = self._run(self._make_manager(ends))
-        atexit.register(self.shutdown)
         try:
-            for proc in self._procs.values():
-                proc.start()
-            self.server_info = self._run(self._wait_ready())
+            self._rt = asyncio.run_coroutine_threadsafe(
+                start_runtime(self.config), self._loop
+            ).result()
         except BaseException:
-            self.shutdown()
+            self._stop_loop()
             raise
-        self._tm.max_total_tokens = int(self.server_info["max_total_tokens"])
+        atexit.register(self.shutdown)
+        self._tm = self._rt.manager
+        self.tokenizer = self._rt.tokenizer
+        self.info = self._rt.info
+        self.model_path = self._rt.model_path
+        self.server_info = self._rt.server_info
+        self._procs = self._rt.children.procs
 
     ##### Generation #####
 
@@ -172,21 +141,12 @@ class Engine:
             return
         self._closed = True
         atexit.unregister(self.shutdown)
-        for proc in self._procs.values():
-            if proc.is_alive():
-                proc.terminate()
-        for proc in self._procs.values():
-            if proc.pid is not None:
-                proc.join(5)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join(5)
-        tm = getattr(self, "_tm", None)
-        if tm is not None and self._loop.is_running():
-            asyncio.run_coroutine_threadsafe(tm.close(), self._loop).result(5)
+        asyncio.run_coroutine_threadsafe(self._rt.close(), self._loop).result(30)
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
-        shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
     def __enter__(self) -> Engine:
         return self
@@ -195,44 +155,6 @@ class Engine:
         self.shutdown()
 
     ##### Internals #####
-
-    async def _make_manager(self, ends: Endpoints) -> TokenizerManager:
-        tm = TokenizerManager(
-            self.tokenizer,
-            self.info,
-            max_total_tokens=0,  # set once the scheduler reports its pool size
-            scheduler_addr=ends.scheduler,
-            listen_addr=ends.engine,
-            check_children=self._check_children,
-        )
-        tm.start()
-        return tm
-
-    async def _wait_ready(self) -> dict[str, Any]:
-        pending = set(self._procs)
-        info: dict[str, Any] = {}
-        while pending:
-            msg = await self._tm.control.get()
-            if self._tm.down is not None:
-                raise RuntimeDown(f"weft failed to start: {self._tm.down}")
-            if not isinstance(msg, ReadyOut):
-                continue
-            if msg.error is not None:
-                raise RuntimeError(f"weft {msg.who} failed to start: {msg.error}")
-            pending.discard(msg.who)
-            info.update(msg.info)
-        return info
-
-    def _check_children(self) -> str | None:
-        if self._closed:
-            return None
-        for name, proc in self._procs.items():
-            if proc.pid is not None and not proc.is_alive():
-                for other in self._procs.values():
-                    if other.is_alive():
-                        other.terminate()
-                return f"the {name} process exited with code {proc.exitcode} (see its log above)"
-        return None
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._closed:

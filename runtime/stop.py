@@ -40,8 +40,8 @@ class StopMatcher:
     def search(self, text: str, start: int = 0) -> tuple[int, str] | None:
         """The first match at or after `start` that ends in text not checked before.
 
-        Returns (offset of the match start, matched text): the stop string itself, or what the
-        regex matched. A stop string costs O(new text + its length); a found match is reported
+        Returns (offset of the match start, what matched): the stop string itself, or the regex
+        pattern (as SGLang reports it in finish_reason.matched). A stop string costs O(new text + its length); a found match is reported
         again by a repeated call, since only text without a match counts as checked.
         """
         best: tuple[int, int, str] | None = None  # (end, offset, matched)
@@ -52,7 +52,7 @@ class StopMatcher:
         for pattern in self._regexes:
             m = pattern.search(text, start)
             if m is not None:
-                best = _earlier(best, (m.end(), m.start(), m.group()))
+                best = _earlier(best, (m.end(), m.start(), pattern.pattern))
         if best is None:
             self._checked = max(self._checked, len(text))
             return None

@@ -119,15 +119,15 @@ def test_holdback(stops, text, held):
 def test_regex():
     m = StopMatcher(stop_regex=[r"\d{3}"])
     assert m.search("call 12") is None
-    assert m.search("call 123") == (5, "123")
+    assert m.search("call 123") == (5, r"\d{3}")  # a regex reports its pattern
     assert m.holdback("call 12") == 0
-    assert StopMatcher(stop_regex=[r"\d+"]).search("a 1 22", start=3) == (4, "22")
-    assert StopMatcher(stop_regex=["b(?=c)"]).search("abc") == (1, "b")
+    assert StopMatcher(stop_regex=[r"\d+"]).search("a 1 22", start=3) == (4, r"\d+")
+    assert StopMatcher(stop_regex=["b(?=c)"]).search("abc") == (1, "b(?=c)")
 
 
 def test_regex_and_string_together():
     m = StopMatcher(["STOP"], [r"[.!?]\s"])
-    assert m.search("Yes! STOP") == (3, "! ")
+    assert m.search("Yes! STOP") == (3, r"[.!?]\s")
     assert m.search("Yes STOP. ") == (4, "STOP")
 
 

@@ -1,0 +1,151 @@
+"""Launching a runtime: resolve the model, start the scheduler and detokenizer processes, and wire a
+TokenizerManager to them on the calling event loop. Shared by `weft.Engine` and `weft serve`."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from weft.runtime.config import EngineConfig
+from weft.runtime.detokenizer import run_detokenizer_process
+from weft.runtime.ipc import Endpoints
+from weft.runtime.loader import load_tokenizer, read_hf_config, resolve_model_path
+from weft.runtime.messages import ReadyOut
+from weft.runtime.model_info import ModelInfo
+from weft.runtime.scheduler import run_scheduler_process
+from weft.runtime.tokenizer_manager import RuntimeDown, TokenizerManager
+
+logger = logging.getLogger(__name__)
+
+
+class ChildProcesses:
+    """The scheduler and detokenizer of one runtime; any death takes the others down."""
+
+    def __init__(self, config: EngineConfig, model_path: Path, tokenizer_path: Path) -> None:
+        self.ends, self.ipc_dir = Endpoints.in_private_dir()
+        ctx = mp.get_context("spawn")
+        parent = os.getpid()
+        self.procs = {
+            "scheduler": ctx.Process(
+                target=run_scheduler_process,
+                args=(config, str(model_path), self.ends, parent),
+                name="weft-scheduler",
+                daemon=True,
+            ),
+            "detokenizer": ctx.Process(
+                target=run_detokenizer_process,
+                args=(config, str(tokenizer_path), self.ends, parent),
+                name="weft-detokenizer",
+                daemon=True,
+            ),
+        }
+        self.closed = False
+
+    def start(self) -> None:
+        for proc in self.procs.values():
+            proc.start()
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs.values() if p.pid is not None]
+
+    def check(self) -> str | None:
+        """None while all live; else which died and how (and the rest are told to stop)."""
+        if self.closed:
+            return None
+        for name, proc in self.procs.items():
+            if proc.pid is not None and not proc.is_alive():
+                for other in self.procs.values():
+                    if other.is_alive():
+                        other.terminate()
+                return f"the {name} process exited with code {proc.exitcode} (see its log above)"
+        return None
+
+    def shutdown(self) -> None:
+        """Terminate, then kill what is left after 5 s; remove the ipc directory."""
+        if self.closed:
+            return
+        self.closed = True
+        for proc in self.procs.values():
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self.procs.values():
+            if proc.pid is not None:
+                proc.join(5)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(5)
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+
+@dataclass
+class Runtime:
+    """A started runtime: its children, its tokenizer manager, and what they reported."""
+
+    config: EngineConfig
+    model_path: Path
+    info: ModelInfo
+    tokenizer: Any
+    children: ChildProcesses
+    manager: TokenizerManager
+    server_info: dict[str, Any]
+
+    async def close(self) -> None:
+        self.children.shutdown()
+        await self.manager.close()
+
+
+def prepare(config: EngineConfig) -> tuple[Path, Path, Any, ModelInfo]:
+    """Model folder (converted if needed), tokenizer folder, tokenizer and model facts."""
+    model_path = resolve_model_path(
+        config.model, config.resolved_cache_dir, need_weights=config.load_format != "dummy"
+    )
+    tokenizer_path = Path(config.tokenizer) if config.tokenizer else model_path
+    tokenizer = load_tokenizer(tokenizer_path)
+    info = ModelInfo.from_folder(model_path, read_hf_config(model_path), config)
+    return model_path, tokenizer_path, tokenizer, info
+
+
+async def start_runtime(config: EngineConfig) -> Runtime:
+    """Everything up to "ready", on the running event loop; raises with the reason on failure."""
+    model_path, tokenizer_path, tokenizer, info = prepare(config)
+    children = ChildProcesses(config, model_path, tokenizer_path)
+    manager = TokenizerManager(
+        tokenizer,
+        info,
+        max_total_tokens=0,  # known once the scheduler reports its pool
+        scheduler_addr=children.ends.scheduler,
+        listen_addr=children.ends.engine,
+        check_children=children.check,
+    )
+    manager.start()
+    try:
+        children.start()
+        server_info = await _wait_ready(manager)
+    except BaseException:
+        children.shutdown()
+        await manager.close()
+        raise
+    manager.max_total_tokens = int(server_info["max_total_tokens"])
+    return Runtime(config, model_path, info, tokenizer, children, manager, server_info)
+
+
+async def _wait_ready(manager: TokenizerManager) -> dict[str, Any]:
+    pending = {"scheduler", "detokenizer"}
+    info: dict[str, Any] = {}
+    while pending:
+        msg = await manager.control.get()
+        if manager.down is not None:
+            raise RuntimeDown(f"weft failed to start: {manager.down}")
+        if not isinstance(msg, ReadyOut):
+            continue
+        if msg.error is not None:
+            raise RuntimeError(f"weft {msg.who} failed to start: {msg.error}")
+        logger.info("%s ready %s", msg.who, msg.info or "")
+        pending.discard(msg.who)
+        info.update(msg.info)
+    return info
