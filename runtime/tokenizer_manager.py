@@ -52,6 +52,8 @@ class ReqState:
     finished: bool = False
     event: asyncio.Event = field(default_factory=asyncio.Event)
     created: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
 
 
 class TokenizerManager:
@@ -79,6 +81,8 @@ class TokenizerManager:
         self.control_lock = asyncio.Lock()
         self.down: str | None = None
         self.tasks: list[asyncio.Task[None]] = []
+        # called on every output: (state, the output, the previous token time) — e.g. metrics
+        self.observers: list[Callable[[ReqState, StrOut, float | None], None]] = []
 
     def start(self) -> None:
         self.tasks = [
@@ -260,6 +264,12 @@ class TokenizerManager:
         state = self.states.get(out.token.rid)
         if state is None:
             return
+        now = time.perf_counter()
+        prev = state.last_token_at
+        if out.token.new_ids:
+            if state.first_token_at is None:
+                state.first_token_at = now
+            state.last_token_at = now
         state.pieces.append(out)
         state.text += out.text
         state.output_ids += out.token.new_ids
@@ -268,6 +278,8 @@ class TokenizerManager:
                 state.text = out.full_text
             state.finished = True
             del self.states[state.rid]
+        for observe in self.observers:
+            observe(state, out, prev)
         state.event.set()
 
     async def _watch(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +72,69 @@ def save_word_tokenizer(folder: Path, vocab_size: int) -> None:
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
     )
     fast.save_pretrained(folder)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """A real `weft serve` subprocess; `url` once /health answers 200."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        import subprocess
+        import sys
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        cmd = [sys.executable, "-m", "weft", "serve", "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        import time
+
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"weft serve exited early:\n{self.log_path.read_text()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"weft serve not ready after {timeout} s:\n{self.log_path.read_text()}")
+
+    def stop(self) -> int:
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+        return int(self.proc.returncode)
+
+
+@pytest.fixture(scope="session")
+def server(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """`weft serve` on the packaged SmolLM2 (one for the whole session)."""
+    log = tmp_path_factory.mktemp("server") / "serve.log"
+    proc = ServerProcess(["--model", str(default_model_dir), "--served-model-name", "smollm2"], log)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()

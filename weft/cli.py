@@ -1,4 +1,4 @@
-"""The `weft` command line: `weft generate` (one-shot generation with the offline Engine)."""
+"""The `weft` command line: `weft serve` (HTTP server) and `weft generate` (one-shot, offline)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,43 @@ from typing import Any
 
 from weft.runtime.config import EngineConfig
 
+_HELP = {
+    "model": "HF folder or .gguf file; none = the packaged SmolLM2-135M-Instruct",
+    "tokenizer": "tokenizer folder, if not the model's",
+    "load_format": "auto (read weights) or dummy (random weights of the config's shape)",
+    "dtype": "auto = float32 on CPU, bfloat16 on CUDA",
+    "device": "auto, cpu or cuda",
+    "seed": "seed of dummy weights and unseeded sampling",
+    "context_length": "override the model's context length",
+    "page_size": "tokens per KV page; none = 1 on CPU, 16 on CUDA",
+    "max_total_tokens": "KV pool size in tokens (overrides the memory budget)",
+    "kv_cache_bytes": "CPU memory budget of the KV pool in bytes; none = 1 GiB",
+    "mem_fraction": "GPU memory fraction for weights + KV pool",
+    "max_running_requests": "most requests decoding at once",
+    "max_prefill_tokens": "token budget of one prefill batch",
+    "chunked_prefill_size": "prefill long prompts in chunks of this many tokens; 0 = off",
+    "schedule_policy": "fcfs or lpm (longest cached prefix first)",
+    "disable_radix_cache": "turn prefix caching off",
+    "attention_backend": "auto or a backend name (torch)",
+    "cache_dir": "where converted models are kept; none = ~/.cache/weft",
+    "log_level": "debug, info, warning or error",
+}
+
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     """One --flag per EngineConfig field, with its default shown."""
+    group = parser.add_argument_group("engine options")
     for f in dataclasses.fields(EngineConfig):
         flag = "--" + f.name.replace("_", "-")
         default = f.default
+        text = f"{_HELP.get(f.name, '')} (default: {default})".strip()
         if isinstance(default, bool):
-            parser.add_argument(flag, action="store_true", help=f"(default: {default})")
+            group.add_argument(flag, action="store_true", help=text)
         else:
             kind = {int: int, float: float}.get(type(default), str)
             if f.name in ("context_length", "page_size", "max_total_tokens", "kv_cache_bytes"):
                 kind = int
-            parser.add_argument(flag, type=kind, default=default, help=f"(default: {default})")
+            group.add_argument(flag, type=kind, default=default, help=text)
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -53,9 +77,49 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from weft.runtime.http.app import ServerConfig
+    from weft.runtime.http.serve import run_server
+
+    config = ServerConfig(
+        engine=EngineConfig.from_kwargs(**_engine_kwargs(args)),
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        served_model_name=args.served_model_name,
+        chat_template=args.chat_template,
+        incremental_streaming_output=args.incremental_streaming_output,
+    )
+    return run_server(config)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="weft", description="weft: structured-generation runtime")
     sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="serve SGLang's native API and the OpenAI API over HTTP",
+        description="Serve a model over HTTP: SGLang's native /generate API and the OpenAI API "
+        "(/v1/completions, /v1/chat/completions). Defaults to the packaged SmolLM2 on "
+        "127.0.0.1:30000.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=30000, help="TCP port (default: 30000)")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    serve.add_argument(
+        "--served-model-name", default=None, help="the model id clients use (default: from --model)"
+    )
+    serve.add_argument(
+        "--chat-template",
+        default=None,
+        help="a Jinja chat template file (default: the model's own)",
+    )
+    serve.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="native /generate streams text deltas instead of the text so far",
+    )
+    _add_engine_options(serve)
     gen = sub.add_parser("generate", help="generate text for one prompt with the offline engine")
     gen.add_argument("prompt")
     gen.add_argument("--max-new-tokens", type=int, default=128)
@@ -65,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_engine_options(gen)
     args = parser.parse_args(argv)
     try:
-        return cmd_generate(args)
+        return cmd_serve(args) if args.command == "serve" else cmd_generate(args)
     except ValueError as exc:
         print(f"weft: error: {exc}", file=sys.stderr)
         return 2
