@@ -30,8 +30,9 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q tests
 
+# ARGS: extra `weft serve` options, e.g. make serve ARGS="--port 8000 --api-key secret"
 serve: $(STAMP)
-	$(BIN)/weft serve
+	$(BIN)/weft serve $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/offline.py
