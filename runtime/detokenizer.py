@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import logging
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
 from weft.runtime.config import EngineConfig
 from weft.runtime.detokenize import IncrementalDecoder
-from weft.runtime.ipc import Channel, Endpoints, die_with_parent, parent_alive, setup_child_logging
+from weft.runtime.ipc import Channel, Endpoints, parent_alive, run_child
 from weft.runtime.loader import load_tokenizer
-from weft.runtime.messages import BatchStrOut, BatchTokenOut, ReadyOut, StrOut, TokenOut
+from weft.runtime.messages import BatchStrOut, BatchTokenOut, StrOut, TokenOut
 from weft.runtime.stop import StopMatcher
 
 logger = logging.getLogger(__name__)
@@ -70,30 +69,22 @@ def run_detokenizer_process(
     config: EngineConfig, tokenizer_path: str, ends: Endpoints, parent: int
 ) -> None:
     """Entry point of the detokenizer child process."""
-    die_with_parent()
-    setup_child_logging(config.log_level, "detokenizer")
-    channel = Channel(ends.detokenizer, {"engine": ends.engine})
-    try:
-        detok = Detokenizer(load_tokenizer(tokenizer_path))
-        channel.send("engine", ReadyOut("detokenizer"))
-    except Exception as exc:
-        logger.error("detokenizer failed to start:\n%s", traceback.format_exc())
-        channel.send("engine", ReadyOut("detokenizer", error=f"{type(exc).__name__}: {exc}"))
-        channel.close()
-        raise SystemExit(1) from exc
-    try:
+
+    def start(channel: Channel) -> tuple[tuple[Channel, Detokenizer], dict[str, Any]]:
+        return (channel, Detokenizer(load_tokenizer(tokenizer_path))), {}
+
+    def serve(args: tuple[Channel, Detokenizer]) -> None:
+        channel, detok = args
         while True:
             msg = channel.recv(IDLE_POLL_MS)
             if msg is None:
                 if not parent_alive(parent):
                     return
-                continue
-            if isinstance(msg, BatchTokenOut):
+            elif isinstance(msg, BatchTokenOut):
                 channel.send("engine", detok.process(msg))
             else:
                 logger.error("detokenizer got an unexpected message %s", type(msg).__name__)
-    except BaseException:
-        logger.critical("detokenizer crashed:\n%s", traceback.format_exc())
-        raise SystemExit(1) from None
-    finally:
-        channel.close()
+
+    run_child(
+        "detokenizer", config.log_level, ends.detokenizer, {"engine": ends.engine}, start, serve
+    )

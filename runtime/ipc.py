@@ -8,11 +8,14 @@ import os
 import signal
 import sys
 import tempfile
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 import zmq
 
-from weft.runtime.messages import Message, decode, encode
+from weft.runtime.messages import Message, ReadyOut, decode, encode
 
 logger = logging.getLogger(__name__)
 
@@ -95,3 +98,38 @@ def setup_child_logging(level: str, name: str) -> None:
         format=f"%(asctime)s [{name}] %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+T = TypeVar("T")
+
+
+def run_child(
+    name: Literal["scheduler", "detokenizer"],
+    log_level: str,
+    listen: str,
+    peers: dict[str, str],
+    start: Callable[[Channel], tuple[T, dict[str, Any]]],
+    serve: Callable[[T], None],
+) -> None:
+    """The life of a child process: start (report ReadyOut or the error to the engine), serve
+    until the parent is gone, and on a crash log the traceback and exit 1."""
+    die_with_parent()
+    setup_child_logging(log_level, name)
+    channel = Channel(listen, peers)
+    try:
+        obj, info = start(channel)
+        channel.send("engine", ReadyOut(name, info))
+    except Exception as exc:
+        logger.error("%s failed to start:\n%s", name, traceback.format_exc())
+        channel.send("engine", ReadyOut(name, error=f"{type(exc).__name__}: {exc}"))
+        channel.close()
+        raise SystemExit(1) from exc
+    try:
+        serve(obj)
+    except SystemExit:
+        raise
+    except BaseException:
+        logger.critical("%s crashed:\n%s", name, traceback.format_exc())
+        raise SystemExit(1) from None
+    finally:
+        channel.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ from weft.runtime.cache_manager import KVCacheManager
 from weft.runtime.config import EngineConfig
 from weft.runtime.decode import build_decode_batch, retract_for_decode
 from weft.runtime.finish import StopState, check_finish, token_out
-from weft.runtime.ipc import Channel, Endpoints, die_with_parent, parent_alive, setup_child_logging
+from weft.runtime.ipc import Channel, Endpoints, parent_alive, run_child
 from weft.runtime.loader import load_tokenizer, read_hf_config
 from weft.runtime.messages import (
     AbortReq,
@@ -25,7 +24,6 @@ from weft.runtime.messages import (
     FlushCacheReq,
     GetStateReq,
     Message,
-    ReadyOut,
     StateOut,
     TokenizedGenerateReq,
 )
@@ -288,10 +286,8 @@ def run_scheduler_process(
     config: EngineConfig, model_path: str, ends: Endpoints, parent: int
 ) -> None:
     """Entry point of the scheduler child process."""
-    die_with_parent()
-    setup_child_logging(config.log_level, "scheduler")
-    channel = Channel(ends.scheduler, {"detokenizer": ends.detokenizer, "engine": ends.engine})
-    try:
+
+    def start(channel: Channel) -> tuple[Scheduler, dict[str, Any]]:
         t0 = time.perf_counter()
         scheduler = Scheduler(config, Path(model_path), channel)
         info = {
@@ -300,18 +296,9 @@ def run_scheduler_process(
             "load_seconds": round(time.perf_counter() - t0, 2),
             "pid": os.getpid(),
         }
-        channel.send("engine", ReadyOut("scheduler", info))
-    except Exception as exc:
-        logger.error("scheduler failed to start:\n%s", traceback.format_exc())
-        channel.send("engine", ReadyOut("scheduler", error=f"{type(exc).__name__}: {exc}"))
-        channel.close()
-        raise SystemExit(1) from exc
-    try:
-        scheduler.run_forever(parent)
-    except SystemExit:
-        raise
-    except BaseException:
-        logger.critical("scheduler crashed:\n%s", traceback.format_exc())
-        raise SystemExit(1) from None
-    finally:
-        channel.close()
+        return scheduler, info
+
+    peers = {"detokenizer": ends.detokenizer, "engine": ends.engine}
+    run_child(
+        "scheduler", config.log_level, ends.scheduler, peers, start, lambda s: s.run_forever(parent)
+    )
