@@ -66,6 +66,28 @@ def render_chat(
     template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of the conversation as the model was trained to see it."""
+    text = chat_text(
+        tokenizer,
+        messages,
+        chat_template,
+        tools,
+        add_generation_prompt,
+        continue_final_message,
+        template_kwargs,
+    )
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def chat_text(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    chat_template: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """The conversation rendered by the chat template (the text `render_chat` tokenizes)."""
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no chat template; start the server with --chat-template")
     if continue_final_message:
@@ -75,7 +97,7 @@ def render_chat(
             )
         add_generation_prompt = False
     try:
-        text = tokenizer.apply_chat_template(
+        text: str = tokenizer.apply_chat_template(
             messages,
             chat_template=chat_template,
             tools=tools,
@@ -86,4 +108,4 @@ def render_chat(
         )
     except Exception as e:  # jinja errors (raise_exception in templates) are user errors here
         raise ValueError(f"the chat template could not render these messages: {e}") from e
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    return text

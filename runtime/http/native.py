@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 import weft
+from weft.runtime.chat import chat_text, normalize_messages
 from weft.runtime.generate_input import GenerateInput
 from weft.runtime.http.app import AppState, read_json, until_done_or_disconnect
 from weft.runtime.tokenizer_manager import RuntimeDown
@@ -229,3 +230,31 @@ async def detokenize(request: Request) -> dict[str, Any]:
     if bad:
         raise ValueError(f"token id {bad[0]} is out of the vocabulary (size {rt.info.vocab_size})")
     return {"text": rt.tokenizer.decode(tokens, skip_special_tokens=False)}
+
+
+@router.post("/apply_chat_template")
+async def apply_chat_template(request: Request) -> dict[str, Any]:
+    """weft extension: render messages with the server's chat template (what /v1/chat uses), so
+    a client (the DSL's RuntimeEndpoint) builds exactly the same prompt tokens."""
+    body = await read_json(request)
+    if not isinstance(body, Mapping):
+        raise ValueError("the request body must be a JSON object")
+    state = state_of(request)
+    messages = normalize_messages(body.get("messages"))
+    add_gen = body.get("add_generation_prompt", True)
+    cont = body.get("continue_final_message", False)
+    if not isinstance(add_gen, bool) or not isinstance(cont, bool):
+        raise ValueError("add_generation_prompt and continue_final_message must be booleans")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise ValueError("tools must be a list of tool definitions")
+    tokenizer = state.rt.tokenizer
+    text = chat_text(
+        tokenizer,
+        messages,
+        chat_template=state.chat_template,
+        tools=tools,
+        add_generation_prompt=add_gen,
+        continue_final_message=cont,
+    )
+    return {"text": text, "input_ids": tokenizer.encode(text, add_special_tokens=False)}

@@ -308,3 +308,16 @@ def test_metrics(server: Any) -> None:
         "weft_generation_tokens_total",
     ):
         assert name in text, name
+
+
+def test_apply_chat_template_matches_the_tokenizer(server: Any, default_model_dir: Any) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(default_model_dir)
+    messages = [{"role": "user", "content": "Hi there 🙂"}]
+    got = post(server, "/apply_chat_template", {"messages": messages}).json()
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert got["text"] == text
+    assert got["input_ids"] == tok.encode(text, add_special_tokens=False)
+    bad = post(server, "/apply_chat_template", {"messages": []})
+    assert bad.status_code == 400 and "empty" in bad.json()["error"]["message"]
