@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 
 from weft.runtime.chat import load_chat_template
 from weft.runtime.config import EngineConfig
@@ -82,6 +82,24 @@ class AppState:
         return self.runtime
 
 
+class ApiKeyMiddleware:
+    """401 unless `Authorization: Bearer <key>`. A plain ASGI middleware: Starlette's
+    BaseHTTPMiddleware would hide client disconnects from the routes (no abort on disconnect)."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            headers = dict(scope.get("headers") or [])
+            if headers.get(b"authorization", b"") != self.expected:
+                response = JSONResponse({"error": "Unauthorized"}, status_code=401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class BadRequest(ValueError):
     """A ValueError with a status code other than 400 (404 unknown model, 413, ...)."""
 
@@ -108,13 +126,8 @@ def create_app(config: ServerConfig, start: bool = True) -> FastAPI:
     app = FastAPI(title="weft", lifespan=lifespan)
     app.state.weft = state
 
-    @app.middleware("http")
-    async def auth(request: Request, call_next: Any) -> Response:
-        key = state.config.api_key
-        if key is not None and request.url.path not in OPEN_PATHS:
-            if request.headers.get("authorization", "") != f"Bearer {key}":
-                return JSONResponse({"error": "Unauthorized"}, status_code=401)
-        return await call_next(request)
+    if config.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
 
     @app.exception_handler(ValueError)
     async def value_error(request: Request, exc: ValueError) -> JSONResponse:

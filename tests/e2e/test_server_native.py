@@ -321,3 +321,11 @@ def test_apply_chat_template_matches_the_tokenizer(server: Any, default_model_di
     assert got["input_ids"] == tok.encode(text, add_special_tokens=False)
     bad = post(server, "/apply_chat_template", {"messages": []})
     assert bad.status_code == 400 and "empty" in bad.json()["error"]["message"]
+
+
+def test_disconnect_while_waiting_for_a_non_stream_reply_aborts(server: Any) -> None:
+    body = {"text": "Count forever:", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server.url}/generate", json=body, timeout=3)
+    state = wait_idle(server, timeout=30)
+    assert state["protected_tokens"] == 0
