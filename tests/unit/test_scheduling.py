@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
-from weft.radix import NoCache, PrefixCache, RadixCache
+from tests.unit.kv_helpers import PAGE_SIZES, make_req
+from tests.unit.kv_helpers import make_cache as shared_make_cache
 from weft.runtime.batch import Batch, ForwardMode
 from weft.runtime.cache_manager import KVCacheManager
 from weft.runtime.decode import build_decode_batch, retract_for_decode
-from weft.runtime.memory import PageAllocator, ReqToTokenPool
 from weft.runtime.prefill import (
     DECODE_RESERVE_CLIP,
     LPM_MAX_WAITING,
@@ -26,35 +25,14 @@ from weft.runtime.prefill import (
     order_waiting,
 )
 from weft.runtime.request import Req
-from weft.runtime.sampling_params import SamplingParams
-
-PAGE_SIZES = [1, 4]
-
 
 ##### Helpers #####
-
-
-def make_req(
-    rid: str, prompt: Sequence[int], max_new_tokens: int = 8, arrival: int = 0, **kwargs: Any
-) -> Req:
-    return Req(
-        rid=rid,
-        input_ids=list(prompt),
-        params=SamplingParams(max_new_tokens=max_new_tokens),
-        max_new_tokens=max_new_tokens,
-        arrival=arrival,
-        **kwargs,
-    )
 
 
 def make_cache(
     page_size: int, num_pages: int = 32, tree: str = "radix", max_reqs: int = 8
 ) -> KVCacheManager:
-    allocator = PageAllocator(num_pages, page_size, "cpu")
-    prefix_cache: PrefixCache = (
-        RadixCache(allocator, page_size) if tree == "radix" else NoCache(allocator, page_size)
-    )
-    return KVCacheManager(allocator, prefix_cache, ReqToTokenPool(max_reqs, 128, "cpu"))
+    return shared_make_cache(page_size, num_pages, tree, max_reqs=max_reqs, max_context=128)
 
 
 def make_adder(
