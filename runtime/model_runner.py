@@ -69,7 +69,11 @@ class ModelRunner:
         )
         self.req_to_token = ReqToTokenPool(config.max_running_requests, context_len, self.device)
         self.attn = create_attention_backend(
-            config.attention_backend, self.device.type, self.pool, self.req_to_token.table
+            config.attention_backend,
+            self.device.type,
+            self.pool,
+            self.req_to_token.table,
+            self.page_size,
         )
         self.sampler = Sampler(hf_config.vocab_size, self.device, config.seed)
         self.num_forward_tokens = 0  # tokens actually run through the model (prefix reuse tests)

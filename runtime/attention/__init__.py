@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 
 import torch
@@ -9,16 +10,25 @@ import torch
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.memory import KVPool
 
-BackendFactory = Callable[[KVPool, torch.Tensor], AttentionBackend]
+BackendFactory = Callable[[KVPool, torch.Tensor, int], AttentionBackend]
 
 
-def _torch_backend(pool: KVPool, req_to_token: torch.Tensor) -> AttentionBackend:
+def _torch_backend(pool: KVPool, req_to_token: torch.Tensor, page_size: int) -> AttentionBackend:
     from weft.runtime.attention.torch_backend import TorchAttentionBackend
 
     return TorchAttentionBackend(pool, req_to_token)
 
 
-_REGISTRY: dict[str, BackendFactory] = {"torch": _torch_backend}
+def _flashinfer_backend(
+    pool: KVPool, req_to_token: torch.Tensor, page_size: int
+) -> AttentionBackend:
+    from weft.runtime.attention.flashinfer_backend import FlashInferAttentionBackend
+
+    return FlashInferAttentionBackend(pool, req_to_token, page_size)
+
+
+_REGISTRY: dict[str, BackendFactory] = {"torch": _torch_backend, "flashinfer": _flashinfer_backend}
+_CUDA_ONLY = {"flashinfer"}
 
 
 def available_backends() -> list[str]:
@@ -26,20 +36,28 @@ def available_backends() -> list[str]:
 
 
 def resolve_backend_name(name: str, device: str) -> str:
-    """`auto` picks the best backend registered for the device."""
+    """`auto`: FlashInfer on CUDA when it is installed, else the torch reference."""
     if name == "auto":
+        if device == "cuda" and importlib.util.find_spec("flashinfer") is not None:
+            return "flashinfer"
         return "torch"
     if name not in _REGISTRY:
         raise ValueError(
             f"unknown attention backend {name!r}; available: {', '.join(available_backends())}"
         )
+    if name in _CUDA_ONLY and device != "cuda":
+        raise ValueError(f"attention backend {name!r} needs a CUDA device")
+    if name == "flashinfer" and importlib.util.find_spec("flashinfer") is None:
+        raise ValueError(
+            "attention backend 'flashinfer' is not installed (pip install 'weft[gpu]')"
+        )
     return name
 
 
 def create_attention_backend(
-    name: str, device: str, pool: KVPool, req_to_token: torch.Tensor
+    name: str, device: str, pool: KVPool, req_to_token: torch.Tensor, page_size: int
 ) -> AttentionBackend:
-    return _REGISTRY[resolve_backend_name(name, device)](pool, req_to_token)
+    return _REGISTRY[resolve_backend_name(name, device)](pool, req_to_token, page_size)
 
 
 __all__ = [

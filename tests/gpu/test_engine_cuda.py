@@ -47,7 +47,9 @@ def test_fp32_cuda_greedy_equals_hf(random_llama: Path) -> None:
     import transformers
 
     prompts = ["w5 w6 w7", "w100 w200 w300 w400 w500", "w9", "w1000 w2000 w3000 w4000"]
-    with weft.Engine(str(random_llama), device="cuda", dtype="float32", page_size=16) as eng:
+    with weft.Engine(
+        str(random_llama), device="cuda", dtype="float32", page_size=16, attention_backend="torch"
+    ) as eng:
         outs = eng.generate(prompts, {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True})
         tok = eng.tokenizer
     hf = transformers.AutoModelForCausalLM.from_pretrained(random_llama, dtype=torch.float32).cuda()
@@ -63,7 +65,8 @@ def test_fp32_cuda_greedy_equals_hf(random_llama: Path) -> None:
         assert out["output_ids"] == ref[0, ids.shape[1] :].tolist(), prompt
 
 
-def test_bf16_llama8b_dummy_engine(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_bf16_llama8b_dummy_engine(tmp_path: Path, backend: str) -> None:
     """Loads the 8B shape with random weights straight onto the GPU and serves a batch."""
     import shutil
 
@@ -73,7 +76,11 @@ def test_bf16_llama8b_dummy_engine(tmp_path: Path) -> None:
     save_word_tokenizer(folder, 128256)
     start = time.perf_counter()
     with weft.Engine(
-        str(folder), load_format="dummy", context_length=4096, mem_fraction=0.8
+        str(folder),
+        load_format="dummy",
+        context_length=4096,
+        mem_fraction=0.8,
+        attention_backend=backend,
     ) as eng:
         loaded = time.perf_counter() - start
         state: dict[str, Any] = eng.get_state()
@@ -84,4 +91,13 @@ def test_bf16_llama8b_dummy_engine(tmp_path: Path) -> None:
         elapsed = time.perf_counter() - t0
     assert all(len(o["output_ids"]) == 64 for o in outs)
     assert state["page_size"] == 16 and state["max_total_tokens"] > 100_000
-    print(json.dumps({"load_s": round(loaded, 1), "batch8_64tok_s": round(elapsed, 2), **state}))
+    print(
+        json.dumps(
+            {
+                "backend": backend,
+                "load_s": round(loaded, 1),
+                "batch8_64tok_s": round(elapsed, 2),
+                **state,
+            }
+        )
+    )

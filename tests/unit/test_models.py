@@ -79,7 +79,7 @@ class PagedRequest:
         assert pages is not None
         pages.reverse()  # non-contiguous, out of order: the table must be what is used
         self.table.table[1, :length] = alloc.page_slots(pages)[:length]
-        self.attn = create_attention_backend("torch", "cpu", self.pool, self.table.table)
+        self.attn = create_attention_backend("torch", "cpu", self.pool, self.table.table, page_size)
 
     def run(self, model: Any, ids: torch.Tensor, start: int, end: int) -> torch.Tensor:
         n = end - start
@@ -129,7 +129,7 @@ def test_ragged_batch_equals_requests_alone() -> None:
     table = ReqToTokenPool(4, 128, "cpu")
     table.table[0, :10] = torch.arange(1, 11)
     table.table[1, :6] = torch.arange(20, 26)
-    attn = create_attention_backend("torch", "cpu", pool, table.table)
+    attn = create_attention_backend("torch", "cpu", pool, table.table, 1)
     a = torch.randint(0, VOCAB, (10,))
     b = torch.randint(0, VOCAB, (6,))
 
