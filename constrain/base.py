@@ -1,0 +1,239 @@
+"""The grammar layer's interface: specs, compiled grammars, per-request matchers and backends."""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import torch
+
+from weft.constrain.vocab import TokenSpace
+
+GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf", "choices"]
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What a request asks for, in canonical text (the cache key).
+
+    `json_schema`: the schema as compact JSON, key order kept (both backends emit object
+    properties in schema order, so reordering keys would change the grammar). `choices`: a JSON
+    list of strings. `json_object`: any JSON object (spec is ""). `regex`/`ebnf`: the text as given.
+    """
+
+    kind: GrammarKind
+    spec: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in get_args(GrammarKind):
+            raise GrammarError(f"unknown grammar kind {self.kind!r}")
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | bool | str) -> GrammarSpec:
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise GrammarError(f"json_schema is not valid JSON: {e}") from None
+        if schema is False:
+            raise GrammarError("the json_schema false allows no value")
+        if schema is True:
+            schema = {}
+        if not isinstance(schema, dict):
+            raise GrammarError("json_schema must be a JSON object (or a boolean schema)")
+        return cls("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
+
+    @classmethod
+    def json_object(cls) -> GrammarSpec:
+        return cls("json_object", "")
+
+    @classmethod
+    def regex(cls, pattern: str) -> GrammarSpec:
+        return cls("regex", pattern)
+
+    @classmethod
+    def ebnf(cls, grammar: str) -> GrammarSpec:
+        return cls("ebnf", grammar)
+
+    @classmethod
+    def choices(cls, items: Sequence[str]) -> GrammarSpec:
+        if isinstance(items, str) or not items or not all(isinstance(c, str) for c in items):
+            raise GrammarError("choices must be a non-empty list of strings")
+        return cls("choices", json.dumps(list(items), ensure_ascii=False))
+
+    def choice_list(self) -> list[str]:
+        assert self.kind == "choices"
+        items: list[str] = json.loads(self.spec)
+        return items
+
+
+class GrammarError(ValueError):
+    """A refused spec (becomes an HTTP 400). `keywords` names unsupported schema keywords, if any."""
+
+    def __init__(self, message: str, keywords: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.keywords = tuple(keywords)
+
+
+class CompiledGrammar(ABC):
+    """A spec compiled against one tokenizer: immutable and shared by every request that uses it.
+
+    `unenforced` lists the schema keywords that this backend accepted but does not enforce
+    (never silently: the server reports them); it is empty under `strict`.
+    """
+
+    def __init__(self, spec: GrammarSpec, unenforced: Sequence[str] = ()) -> None:
+        self.spec = spec
+        self.unenforced = tuple(unenforced)
+
+    @abstractmethod
+    def matcher(self) -> GrammarMatcher:
+        """A fresh matcher at the start of the grammar."""
+
+    def require_enforced(self) -> None:
+        """Per-request strict mode (OpenAI `strict: true`): refuse if anything is unenforced."""
+        if self.unenforced:
+            names = ", ".join(self.unenforced)
+            raise GrammarError(f"unsupported JSON schema keyword(s): {names}", self.unenforced)
+
+
+class GrammarMatcher(ABC):
+    """Per-request grammar state (one per request, fork branch and n>1 copy).
+
+    Stop ids are handled here, the same for every backend: they are allowed exactly where the
+    grammar may end; accepting one terminates the matcher, after which only stop ids are allowed.
+    Special/added tokens and padded vocab columns are never allowed. Subclasses implement the
+    `_content` hooks for ordinary tokens only.
+    """
+
+    def __init__(self, space: TokenSpace) -> None:
+        self._space = space
+        self._stops = 0  # NOTE: stop tokens accepted; they can only sit at the tail of the history
+
+    ##### Public API #####
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens into `bitmask[row]` (int32 [B, ceil(V/32)], CPU, 1 = allowed)."""
+        space = self._space
+        assert bitmask.dtype == torch.int32 and not bitmask.is_cuda
+        assert bitmask.shape[1] == space.words and 0 <= row < bitmask.shape[0]
+        row_ptr = bitmask.data_ptr() + 4 * space.words * row
+        if self._stops or self.error() is not None:
+            space.allow_only_stops(row_ptr)
+            return
+        self._fill_content(row_ptr)
+        space.mask_non_content(row_ptr)
+        if self._can_end():
+            space.allow_stops(row_ptr)
+
+    def accept_token(self, token: int) -> bool:
+        """Advance by one sampled token; False (and no state change) if the grammar forbids it.
+
+        Every token the mask allows is accepted. The converse may not hold: llguidance's mask
+        keeps only the canonical tokenization of forced text, yet any tokenization is accepted.
+        """
+        space = self._space
+        if token in space.stop_ids:
+            if self._stops or self._can_end():
+                self._stops += 1
+                return True
+            return False
+        if self._stops or not space.is_content(token):
+            return False
+        return self._accept_content(token)
+
+    def rollback(self, k: int) -> None:
+        """Undo the last `k` accepted tokens (retraction, speculative rejection)."""
+        assert k >= 0
+        undo_stops = min(k, self._stops)
+        self._stops -= undo_stops
+        if k - undo_stops:
+            self._rollback_content(k - undo_stops)
+
+    def is_terminated(self) -> bool:
+        """True once a stop token was accepted."""
+        return self._stops > 0
+
+    def forced_tokens(self) -> list[int]:
+        """Jump-forward: the tokens that are the only allowed continuation now, in order ([] if none).
+
+        Token-exact: each returned token is the only bit its step's mask would allow, so feeding
+        them without sampling gives the same output as sampling them one by one. Never a stop id.
+        """
+        if self._stops or self.error() is not None:
+            return []
+        forced: list[int] = []
+        for token in self._forced_content():
+            if not self._space.is_content(token):
+                break
+            forced.append(token)
+        return forced
+
+    def copy(self) -> GrammarMatcher:
+        """An independent matcher in the same state (fork, n>1)."""
+        clone = self._clone()
+        clone._stops = self._stops
+        return clone
+
+    def error(self) -> str | None:
+        """Why the grammar cannot go on (a backend resource limit hit mid-generation), else None.
+
+        A matcher in error allows only stop ids, so the request ends; report it as an error.
+        """
+        return None
+
+    ##### Backend hooks (ordinary tokens only) #####
+
+    @abstractmethod
+    def _fill_content(self, row_ptr: int) -> None:
+        """Write the library's mask into the row at `row_ptr` (int32 [words]; stop and special
+        bits are fixed up afterwards)."""
+
+    @abstractmethod
+    def _can_end(self) -> bool:
+        """Whether the text so far is a complete match."""
+
+    @abstractmethod
+    def _accept_content(self, token: int) -> bool:
+        """Advance by an ordinary token; False with the state unchanged if it is not allowed."""
+
+    @abstractmethod
+    def _rollback_content(self, k: int) -> None:
+        """Undo the last `k` ordinary tokens."""
+
+    @abstractmethod
+    def _forced_content(self) -> list[int]:
+        """The token-exact forced continuation (may be [])."""
+
+    @abstractmethod
+    def _clone(self) -> GrammarMatcher:
+        """A copy of the library state (the base class copies the stop count)."""
+
+
+class GrammarBackend(ABC):
+    """Compiles specs against one tokenizer. Created by `create_grammar_backend(name, ...)`."""
+
+    name: str
+
+    def __init__(self, space: TokenSpace, strict: bool) -> None:
+        self.space = space
+        self.strict = strict
+
+    @property
+    def cache_key(self) -> tuple[object, ...]:
+        """Everything besides the spec that changes what `compile` returns."""
+        return (self.name, self.space.fingerprint, self.strict)
+
+    @abstractmethod
+    def compile(self, spec: GrammarSpec, timeout_s: float | None = None) -> CompiledGrammar:
+        """Compile `spec`; raises GrammarError (unsupported, invalid, too complex, timed out).
+
+        `timeout_s` bounds the work where the backend can stop it (outlines: a killed worker
+        process); llguidance's work is bounded by its own fuel limits instead.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing to release
+        """Release worker processes, if any."""
