@@ -43,6 +43,10 @@ class EngineConfig:
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
     disable_radix_cache: bool = False
     attention_backend: str = "auto"
+    grammar_backend: Literal["llguidance", "outlines"] = "llguidance"
+    grammar_timeout: float = 10.0  # seconds a grammar may take to compile before a 400
+    strict_schemas: bool = False  # refuse JSON-schema keywords the backend cannot enforce
+    disable_jump_forward: bool = False  # constrained decoding: sample forced tokens one by one
     cache_dir: str | None = None  # converted models; default ~/.cache/weft
     log_level: str = "warning"
 
@@ -88,6 +92,12 @@ class EngineConfig:
             raise ValueError(
                 f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}"
             )
+        if self.grammar_backend not in ("llguidance", "outlines"):
+            raise ValueError(
+                f"grammar_backend must be 'llguidance' or 'outlines', got {self.grammar_backend!r}"
+            )
+        if not self.grammar_timeout > 0:
+            raise ValueError(f"grammar_timeout must be > 0 seconds, got {self.grammar_timeout}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ValueError(f"log_level must be debug/info/warning/error, got {self.log_level!r}")
 

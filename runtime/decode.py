@@ -1,4 +1,4 @@
-"""The decode set: one new token for every running request, retracting some when the KV pool is full."""
+"""The decode set: the new tokens of every running request, retracting some when the KV pool is full."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from weft.runtime.request import Req
 
 
 def pages_for_decode(reqs: list[Req], cache: KVCacheManager) -> int:
-    return sum(cache.pages_needed(r, 1) for r in reqs)
+    return sum(cache.pages_needed(r, r.extend_len) for r in reqs)
 
 
 def retract_for_decode(running: list[Req], cache: KVCacheManager) -> list[Req]:
@@ -31,8 +31,11 @@ def retract_for_decode(running: list[Req], cache: KVCacheManager) -> list[Req]:
 
 
 def build_decode_batch(running: list[Req], cache: KVCacheManager) -> Batch:
-    """Allocate one slot per request (callers retract first, so this cannot fail)."""
-    for req in running:
-        ok = cache.alloc(req, 1)
+    """Slots for each running request's new tokens: its last sampled token, plus any tokens a
+    grammar forced after it (jump-forward). Callers retract first, so this cannot fail."""
+    lens = [r.extend_len for r in running]
+    for req, n in zip(running, lens, strict=True):
+        ok = cache.alloc(req, n)
         assert ok, "decode allocation failed after retraction"
-    return Batch(ForwardMode.DECODE, list(running), [1] * len(running))
+    mode = ForwardMode.DECODE if all(n == 1 for n in lens) else ForwardMode.EXTEND
+    return Batch(mode, list(running), lens)

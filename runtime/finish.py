@@ -42,16 +42,25 @@ def decode_prefix(req: Req) -> list[int]:
 
 
 def check_finish(req: Req, token: int, eos_ids: frozenset[int]) -> FinishReason | None:
-    """Order: length, stop string / regex, EOS, stop token ids (none before min_new_tokens)."""
+    """Order: length, grammar, stop string / regex, EOS, stop token ids (none before
+    min_new_tokens). Also advances the request's grammar and stop-string state by `token`."""
     p = req.params
     n = len(req.output_ids)
     stop = req.stop_state
+    grammar = req.grammar
+    if grammar is not None and not grammar.accept_token(token):
+        return FinishReason("abort", message=f"internal error: the grammar rejected token {token}")
     if stop is not None:
         if n == p.min_new_tokens:
             stop.start = len(stop.decoder.text)
         stop.decoder.push([token])
     if n >= req.max_new_tokens:
         return FinishReason("length", length=req.max_new_tokens)
+    if grammar is not None:
+        if grammar.error() is not None:
+            return FinishReason("abort", message=f"grammar error: {grammar.error()}")
+        if grammar.is_terminated():
+            return FinishReason("stop", matched=token)
     if n < p.min_new_tokens:
         return None
     if stop is not None:
@@ -64,6 +73,21 @@ def check_finish(req: Req, token: int, eos_ids: frozenset[int]) -> FinishReason 
     if token in eos_ids or token in p.stop_token_ids:
         return FinishReason("stop", matched=token)
     return None
+
+
+def jump_forward(req: Req, eos_ids: frozenset[int]) -> None:
+    """Append the tokens the grammar forces (the only allowed continuation) without sampling;
+    they reach the model together in the next step. Greedy output is unchanged by this."""
+    grammar = req.grammar
+    while req.finish is None and grammar is not None:
+        forced = grammar.forced_tokens()
+        if not forced:
+            return
+        for token in forced:
+            req.output_ids.append(token)
+            req.finish = check_finish(req, token, eos_ids)
+            if req.finish is not None:
+                return
 
 
 def token_out(req: Req) -> TokenOut:
@@ -90,6 +114,7 @@ def token_out(req: Req) -> TokenOut:
         input_top_logprobs=req.in_top_logprobs,
         input_ids_logprobs=req.in_ids_logprobs,
         retractions=req.num_retractions,
+        unenforced=req.unenforced,
     )
     req.out_logprobs, req.out_top_logprobs, req.out_ids_logprobs = [], [], []
     req.in_logprobs, req.in_top_logprobs, req.in_ids_logprobs = [], [], []

@@ -4,20 +4,17 @@ TokenizerManager to them on the calling event loop. Shared by `weft.Engine` and 
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from weft.runtime.child import ChildProcess
 from weft.runtime.config import EngineConfig
-from weft.runtime.detokenizer import run_detokenizer_process
 from weft.runtime.ipc import Endpoints
 from weft.runtime.loader import load_tokenizer, read_hf_config, resolve_model_path
 from weft.runtime.messages import ReadyOut
 from weft.runtime.model_info import ModelInfo
-from weft.runtime.scheduler import run_scheduler_process
 from weft.runtime.tokenizer_manager import RuntimeDown, TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -28,21 +25,9 @@ class ChildProcesses:
 
     def __init__(self, config: EngineConfig, model_path: Path, tokenizer_path: Path) -> None:
         self.ends, self.ipc_dir = Endpoints.in_private_dir()
-        ctx = mp.get_context("spawn")
-        parent = os.getpid()
         self.procs = {
-            "scheduler": ctx.Process(
-                target=run_scheduler_process,
-                args=(config, str(model_path), self.ends, parent),
-                name="weft-scheduler",
-                daemon=True,
-            ),
-            "detokenizer": ctx.Process(
-                target=run_detokenizer_process,
-                args=(config, str(tokenizer_path), self.ends, parent),
-                name="weft-detokenizer",
-                daemon=True,
-            ),
+            "scheduler": ChildProcess("scheduler", config, str(model_path), self.ends),
+            "detokenizer": ChildProcess("detokenizer", config, str(tokenizer_path), self.ends),
         }
         self.closed = False
 

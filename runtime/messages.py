@@ -24,13 +24,17 @@ class FinishReason(msgspec.Struct, frozen=True):
     matched: int | str | None = None  # stop: the stop string, the regex match, or the stop token id
     length: int | None = None  # length: max_new_tokens that was reached
     message: str | None = None  # abort: why
+    status: int | None = None  # abort caused by the request itself (e.g. 400: bad grammar)
     trim_offset: int | None = None  # stop string/regex: char offset of the match in the output text
 
     def to_dict(self) -> dict[str, Any]:
         if self.type == "length":
             return {"type": "length", "length": self.length}
         if self.type == "abort":
-            return {"type": "abort", "message": self.message}
+            out: dict[str, Any] = {"type": "abort", "message": self.message}
+            if self.status is not None:
+                out["status_code"] = self.status
+            return out
         return {"type": "stop", "matched": self.matched}
 
 
@@ -80,6 +84,7 @@ class TokenOut(msgspec.Struct):
     input_top_logprobs: list[list[LogprobEntry]] = msgspec.field(default_factory=list)
     input_ids_logprobs: list[list[LogprobEntry]] = msgspec.field(default_factory=list)
     retractions: int = 0
+    unenforced: list[str] = msgspec.field(default_factory=list)  # schema keywords not enforced
 
 
 class BatchTokenOut(msgspec.Struct, tag=True):

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from weft.constrain import allocate_bitmask, apply_bitmask
 from weft.runtime.attention import create_attention_backend
 from weft.runtime.batch import Batch, ForwardBatch, ForwardMode
 from weft.runtime.config import EngineConfig
@@ -77,6 +78,7 @@ class ModelRunner:
         )
         self.sampler = Sampler(hf_config.vocab_size, self.device, config.seed)
         self.num_forward_tokens = 0  # tokens actually run through the model (prefix reuse tests)
+        self.bitmask: torch.Tensor | None = None  # grammar masks, allocated on first use
         logger.info("KV pool: %d tokens in pages of %d", self.allocator.total_slots, self.page_size)
 
     def _num_pages(self, bytes_per_slot: int) -> int:
@@ -101,9 +103,26 @@ class ModelRunner:
     def forward(self, batch: Batch) -> list[ReqStepResult]:
         fb = self._forward_batch(batch)
         self.attn.prepare(fb)
-        hidden = self.model(fb, self.attn)  # [T, hidden]
+        hidden = self.model(fb, self.attn)  # [T, hidden]; on CUDA this only queues the kernels
         self.num_forward_tokens += fb.input_ids.numel()
-        return self._results(batch, hidden)
+        masked = self._fill_grammar_masks(batch)  # CPU work overlapping the GPU's
+        return self._results(batch, hidden, masked)
+
+    def _fill_grammar_masks(self, batch: Batch) -> list[int]:
+        """Bitmask rows for the constrained requests that sample this step; their batch indices."""
+        constrained = [
+            i
+            for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True))
+            if req.grammar is not None
+            and req.kv_len + n == req.seq_len
+            and req.remaining_new_tokens > 0
+        ]
+        if constrained and self.bitmask is None:
+            self.bitmask = allocate_bitmask(self.req_to_token.max_reqs, self.hf_config.vocab_size)
+        for row, i in enumerate(constrained):
+            assert self.bitmask is not None
+            batch.reqs[i].grammar.fill_bitmask(self.bitmask, row)
+        return constrained
 
     def _forward_batch(self, batch: Batch) -> ForwardBatch:
         ids: list[int] = []
@@ -130,7 +149,9 @@ class ModelRunner:
             extend_lens_cpu=list(batch.extend_lens),
         )
 
-    def _results(self, batch: Batch, hidden: torch.Tensor) -> list[ReqStepResult]:
+    def _results(
+        self, batch: Batch, hidden: torch.Tensor, masked: list[int]
+    ) -> list[ReqStepResult]:
         results = [ReqStepResult() for _ in batch.reqs]
         sample_rows: list[int] = []  # hidden rows to sample from
         samplers: list[int] = []  # which requests sample
@@ -152,6 +173,12 @@ class ModelRunner:
         if not sample_rows:
             return results
         logits = self.model.compute_logits(hidden[sample_rows])  # [S, V]
+        if masked:
+            assert self.bitmask is not None
+            where = {i: k for k, i in enumerate(samplers)}
+            mask_rows = [where[i] for i in masked]
+            index = torch.tensor(mask_rows, dtype=torch.int64, device=self.device)
+            apply_bitmask(logits, self.bitmask[: len(masked)], rows=index)
         reqs = [batch.reqs[i] for i in samplers]
         inputs = [
             SamplingInputs(r.params, r.input_ids, r.output_ids, self._stop_ids(r), r.generator)

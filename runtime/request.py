@@ -43,8 +43,12 @@ class Req:
     finish: FinishReason | None = None
     generator: torch.Generator | None = None
     stop_state: Any = None  # scheduler-side stop-string checker, when the request has stops
+    grammar: Any = None  # constrain.GrammarMatcher of a constrained request, once compiled
+    grammar_handle: Any = None  # constrain.CompileHandle while the grammar compiles
+    unenforced: list[str] = field(default_factory=list)  # schema keywords not enforced
     num_retractions: int = 0
     admitted: bool = False  # set at the first admission (cached_tokens is measured then)
+    counted: bool = False  # its prompt went into the cache-hit statistics
 
     # logprob results not yet sent (deltas)
     out_logprobs: list[tuple[float, int]] = field(default_factory=list)

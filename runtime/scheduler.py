@@ -8,12 +8,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from weft.constrain import GrammarError
 from weft.radix import NoCache, PrefixCache, RadixCache
 from weft.runtime.batch import Batch, ForwardMode
 from weft.runtime.cache_manager import KVCacheManager
 from weft.runtime.config import EngineConfig
 from weft.runtime.decode import build_decode_batch, retract_for_decode
-from weft.runtime.finish import StopState, check_finish, token_out
+from weft.runtime.finish import StopState, check_finish, jump_forward, token_out
+from weft.runtime.grammar import GrammarQueue, grammar_spec
 from weft.runtime.ipc import Channel, Endpoints, parent_alive, run_child
 from weft.runtime.loader import load_tokenizer, read_hf_config
 from weft.runtime.messages import (
@@ -39,6 +41,7 @@ INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
 IDLE_POLL_MS = 200
+GRAMMAR_POLL_MS = 2  # while grammars compile, look for finished ones this often
 
 
 class Scheduler:
@@ -63,6 +66,10 @@ class Scheduler:
         self.arrivals = 0
         self.stats: dict[str, int] = {"retractions": 0, "prompt_tokens": 0, "cached_tokens": 0}
         self.checked_idle = True
+        self.grammars = GrammarQueue(
+            config, self.tokenizer, self.info.vocab_size, self.info.eos_ids
+        )
+        self.jump_forward = not config.disable_jump_forward
 
     @property
     def max_total_tokens(self) -> int:
@@ -82,15 +89,29 @@ class Scheduler:
     def receive(self, parent_pid: int) -> None:
         assert self.channel is not None
         msgs = self.channel.recv_all()
+        self.admit_compiled()
         while not msgs and not self.has_work():
-            self.on_idle()
-            msg = self.channel.recv(IDLE_POLL_MS)
+            compiling = bool(self.grammars.pending)
+            if not compiling:
+                self.on_idle()
+            msg = self.channel.recv(GRAMMAR_POLL_MS if compiling else IDLE_POLL_MS)
             if msg is not None:
                 msgs.append(msg)
             elif not parent_alive(parent_pid):
                 raise SystemExit("parent process is gone")
+            self.admit_compiled()
         for msg in msgs:
             self.handle(msg)
+
+    def admit_compiled(self) -> None:
+        """Constrained requests whose grammar compiled join the waiting queue; failures answer."""
+        if not self.grammars.pending:
+            return
+        ready, failed = self.grammars.poll()
+        self.waiting += ready
+        for req, message in failed:
+            req.finish = FinishReason("abort", message=message, status=400)
+        self.emit([req for req, _ in failed])
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked)
@@ -130,8 +151,17 @@ class Scheduler:
         if req.params.sampling_seed is not None:
             req.generator = make_generator(req.params.sampling_seed, self.runner.device)
         req.stop_state = StopState.for_req(req, self.tokenizer)
-        self.waiting.append(req)
         self.checked_idle = False
+        try:
+            spec = grammar_spec(req.params)
+        except GrammarError as e:
+            req.finish = FinishReason("abort", message=str(e), status=400)
+            self.emit([req])
+            return
+        if spec is None:
+            self.waiting.append(req)
+        else:
+            self.grammars.submit(req, spec)
 
     def abort(self, msg: AbortReq) -> None:
         def hit(r: Req) -> bool:
@@ -139,6 +169,7 @@ class Scheduler:
 
         aborted = [r for r in self.waiting if hit(r)]
         self.waiting = [r for r in self.waiting if not hit(r)]
+        aborted += self.grammars.remove(None if msg.abort_all else {msg.rid})
         for req in [*self.running, *([self.chunked] if self.chunked else [])]:
             if hit(req):
                 self.cache.cache_req(req, release=True)
@@ -151,7 +182,7 @@ class Scheduler:
         self.emit(aborted)
 
     def flush_cache(self) -> FlushCacheOut:
-        if self.has_work():
+        if self.has_work() or self.grammars.pending:
             return FlushCacheOut(False, "Cache not flushed: there are running or waiting requests.")
         self.cache.tree.reset()
         return FlushCacheOut(True, "Cache flushed.")
@@ -230,35 +261,36 @@ class Scheduler:
 
     def process_results(self, batch: Batch, results: list[ReqStepResult]) -> None:
         report: list[Req] = []
-        still_running: list[Req] = []
+        was_running = set(map(id, self.running))
+        joined: list[Req] = []  # requests whose prefill completed this step
         for req, n, res in zip(batch.reqs, batch.extend_lens, results, strict=True):
             req.kv_len += n
             self._collect_logprobs(req, res)
-            if batch.mode == ForwardMode.EXTEND and req.kv_len < req.seq_len:
+            if req.kv_len < req.seq_len:
                 self.cache.cache_req(req, release=False)  # a chunk: share what is done
                 if req.stream and req.in_logprobs:
                     report.append(req)
                 continue
-            if batch.mode == ForwardMode.EXTEND:
-                self.stats["prompt_tokens"] += len(req.input_ids) if req.num_retractions == 0 else 0
-                self.stats["cached_tokens"] += req.cached_tokens if req.num_retractions == 0 else 0
+            if id(req) not in was_running:
+                joined.append(req)
+                if not req.counted:
+                    req.counted = True
+                    self.stats["prompt_tokens"] += len(req.input_ids)
+                    self.stats["cached_tokens"] += req.cached_tokens
             if res.next_id is None:
                 req.finish = FinishReason("length", length=req.max_new_tokens)
             else:
                 req.output_ids.append(res.next_id)
                 req.finish = check_finish(req, res.next_id, self.info.eos_ids)
+                if self.jump_forward and req.finish is None and not req.return_logprob:
+                    jump_forward(req, self.info.eos_ids)
             if req.finished:
                 self.cache.cache_req(req, release=True)
-            else:
-                if batch.mode == ForwardMode.EXTEND:
-                    self.cache.cache_req(req, release=False)
-                still_running.append(req)
+            elif batch.mode == ForwardMode.EXTEND:
+                self.cache.cache_req(req, release=False)
             if req.finished or req.stream:
                 report.append(req)
-        if batch.mode == ForwardMode.DECODE:
-            self.running = still_running
-        else:
-            self.running += still_running
+        self.running = [r for r in self.running + joined if not r.finished]
         self.emit(report)
 
     def _collect_logprobs(self, req: Req, res: ReqStepResult) -> None:

@@ -54,6 +54,7 @@ class ReqState:
     created: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     last_token_at: float | None = None
+    rejected: str | None = None  # the scheduler refused the request itself (e.g. bad grammar)
 
 
 class TokenizerManager:
@@ -151,10 +152,6 @@ class TokenizerManager:
 
     def _check(self, spec: PromptSpec, prompt: list[int]) -> None:
         p = spec.params
-        if p.json_schema is not None or p.regex is not None or p.ebnf is not None:
-            raise ValueError(
-                "constrained decoding (json_schema, regex, ebnf) is not available in this build yet"
-            )
         bad = [t for t in prompt if t >= self.info.vocab_size]
         if bad:
             raise ValueError(
@@ -215,6 +212,8 @@ class TokenizerManager:
             for fut in waiters:
                 fut.cancel()
             for state in [s for s in pending if s.pieces]:
+                if state.rejected is not None:
+                    raise ValueError(state.rejected)
                 out = build_output(self.tokenizer, state, final=False)
                 if len(states) > 1:
                     out["index"] = state.out_index
@@ -225,6 +224,8 @@ class TokenizerManager:
         await state.event.wait()
         state.event.clear()
         self._raise_if_down()
+        if state.rejected is not None:  # a 400 found by the scheduler (e.g. a grammar refusal)
+            raise ValueError(state.rejected)
 
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
         self.to_scheduler.send(encode(AbortReq(rid=rid, abort_all=abort_all)))
@@ -274,6 +275,9 @@ class TokenizerManager:
         state.text += out.text
         state.output_ids += out.token.new_ids
         if out.token.finish is not None:
+            fin = out.token.finish
+            if fin.type == "abort" and fin.status is not None:
+                state.rejected = fin.message or "the request was rejected"
             if out.full_text is not None:
                 state.text = out.full_text
             state.finished = True

@@ -17,7 +17,7 @@ PROMPT = "The capital of France is"
 CHAT: Any = [{"role": "user", "content": "What is 2+2? Answer with one number."}]
 # Flip to True when constrained decoding (json_schema / regex / ebnf) lands: the test below then
 # checks that the output follows the schema instead of the 400 it documents today.
-GRAMMARS_AVAILABLE = False
+GRAMMARS_AVAILABLE = True
 
 
 @pytest.fixture(scope="module")
@@ -258,31 +258,36 @@ def test_tools_are_accepted(client: openai.OpenAI, tokenizer: Any) -> None:
     )
     assert out.usage is not None
     assert out.usage.prompt_tokens == chat_prompt_len(tokenizer, CHAT, tools=tools)
-    # required / named tool_choice compile to a json_schema constraint: refused until grammars land
-    with pytest.raises(openai.BadRequestError, match="constrained decoding"):
-        client.chat.completions.create(
-            model=MODEL, messages=CHAT, tools=tools, tool_choice="required", max_tokens=2
-        )
+    # required / named tool_choice compile to a json_schema constraint on the arguments
+    forced = client.chat.completions.create(
+        model=MODEL, messages=CHAT, tools=tools, tool_choice="required", max_tokens=48
+    )
+    assert forced.choices[0].finish_reason in ("stop", "tool_calls", "length")
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_response_format_json_schema(client: openai.OpenAI, endpoint: str) -> None:
-    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}}
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
     fmt: Any = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
 
     def call() -> str:
         if endpoint == "chat":
             chat = client.chat.completions.create(
-                model=MODEL, messages=CHAT, response_format=fmt, max_tokens=16, temperature=0
+                model=MODEL, messages=CHAT, response_format=fmt, max_tokens=32, temperature=0
             )
             return chat.choices[0].message.content or ""
         out = client.completions.create(
-            model=MODEL, prompt=PROMPT, extra_body={"response_format": fmt}, max_tokens=16
+            model=MODEL, prompt=PROMPT, extra_body={"response_format": fmt}, max_tokens=32
         )
         return out.choices[0].text
 
     if GRAMMARS_AVAILABLE:
-        assert isinstance(json.loads(call()), dict)
+        assert isinstance(json.loads(call())["answer"], int)
     else:
         with pytest.raises(openai.BadRequestError, match="constrained decoding .* not available"):
             call()
