@@ -78,6 +78,7 @@ class ModelRunner:
         )
         self.sampler = Sampler(hf_config.vocab_size, self.device, config.seed)
         self.num_forward_tokens = 0  # tokens actually run through the model (prefix reuse tests)
+        self.num_forward_passes = 0
         self.bitmask: torch.Tensor | None = None  # grammar masks, allocated on first use
         logger.info("KV pool: %d tokens in pages of %d", self.allocator.total_slots, self.page_size)
 
@@ -105,6 +106,7 @@ class ModelRunner:
         self.attn.prepare(fb)
         hidden = self.model(fb, self.attn)  # [T, hidden]; on CUDA this only queues the kernels
         self.num_forward_tokens += fb.input_ids.numel()
+        self.num_forward_passes += 1
         masked = self._fill_grammar_masks(batch)  # CPU work overlapping the GPU's
         return self._results(batch, hidden, masked)
 

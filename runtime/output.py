@@ -37,6 +37,8 @@ def build_output(tokenizer: Any, state: ReqState, final: bool) -> dict[str, Any]
         meta["prompt_tokens"] = last.prompt_tokens
         meta["completion_tokens"] = last.completion_tokens
         meta["cached_tokens"] = last.cached_tokens
+        if last.unenforced:
+            meta["unenforced_keywords"] = list(last.unenforced)
     meta.setdefault("finish_reason", None)
     meta["e2e_latency"] = time.perf_counter() - state.created
     spec = state.spec

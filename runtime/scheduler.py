@@ -197,6 +197,8 @@ class Scheduler:
             "evictable_tokens": self.cache.tree.evictable_size(),
             "protected_tokens": self.cache.tree.protected_size(),
             "num_forward_tokens": self.runner.num_forward_tokens,
+            "num_forward_passes": self.runner.num_forward_passes,
+            "num_compiling": len(self.grammars.pending),
             "new_token_ratio": self.new_token_ratio,
             "page_size": self.runner.page_size,
             **self.stats,

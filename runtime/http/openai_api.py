@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -29,9 +28,14 @@ from weft.runtime.http.openai_protocol import (
     parse_request,
     usage_of,
 )
+from weft.runtime.http.tool_calls import (
+    ToolCall,
+    ToolCallParser,
+    ToolPlan,
+    finish_reason,
+    split_output,
+)
 from weft.runtime.tokenizer_manager import ReqState, RuntimeDown, TokenizerManager
-
-logger = logging.getLogger("weft.server")
 
 router = APIRouter()
 
@@ -213,21 +217,25 @@ async def chat_completions(request: Request) -> Response:
             "max_completion_tokens",
         )
     messages = normalize_messages(req.messages)
-    tools, tool_schema = req.tool_spec()
+    plan = req.tool_plan()
     prompt = render_chat(
         rt.tokenizer,
         messages,
         state.chat_template,
-        tools=tools,
+        tools=plan.tools,
         continue_final_message=req.continue_final_message,
         template_kwargs=req.chat_template_kwargs,
     )
     params = req.sampling_params(max_new, _generation_defaults(str(rt.model_path)))
-    if tool_schema is not None:
+    if plan.json_schema is not None:
         if any(k in params for k in ("json_schema", "regex", "ebnf")):
-            logger.warning("tool_choice constraint ignored: the request has its own constraint")
-        else:
-            params["json_schema"] = tool_schema
+            raise BadRequest(
+                f"tool_choice {plan.mode} constrains the output to a tool call: it cannot be "
+                "combined with response_format, json_schema, regex or ebnf",
+                400,
+                "tool_choice",
+            )
+        params["json_schema"] = plan.json_schema
     rid = req.rid if isinstance(req.rid, str) else f"chatcmpl-{uuid.uuid4().hex}"
     obj = GenerateInput(
         input_ids=prompt,
@@ -243,20 +251,24 @@ async def chat_completions(request: Request) -> Response:
     head = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": req.model}
     if req.stream:
         head["object"] = "chat.completion.chunk"
-        chunks = _chat_chunks(state, req, states, head)
+        chunks = _chat_chunks(state, req, plan, states, head)
         return StreamingResponse(_sse(chunks), media_type="text/event-stream")
     outs = await _collect(request, manager, states)
     choices, metas = [], {}
     for k, out in enumerate(outs):
         meta = metas[k] = out["meta_info"]
         reason, matched = finish_of(meta)
-        # NOTE: tool calls are not parsed yet (no message.tool_calls, no finish_reason
-        # "tool_calls"): a tool call comes back as plain content.
+        content: str | None = out["text"]
+        calls: list[ToolCall] = []
+        parser = plan.parser()
+        if parser is not None:
+            content, calls = split_output(parser, out["text"])
+            reason = finish_reason(reason, bool(calls))
         message = {
             "role": "assistant",
-            "content": out["text"],
+            "content": content,
             "reasoning_content": None,
-            "tool_calls": None,
+            "tool_calls": [c.openai() for c in calls] or None,
         }
         choice: dict[str, Any] = {"index": k, "message": message, "logprobs": None}
         if req.logprobs:
@@ -266,11 +278,17 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def _chat_chunks(
-    state: AppState, req: ChatCompletionRequest, states: list[ReqState], head: dict[str, Any]
+    state: AppState,
+    req: ChatCompletionRequest,
+    plan: ToolPlan,
+    states: list[ReqState],
+    head: dict[str, Any],
 ) -> AsyncGenerator[dict[str, Any], None]:
-    """Per index: a role chunk, content chunks, then one chunk with an empty delta that carries
+    """Per index: a role chunk, content chunks and tool-call chunks (each call whole, in one
+    delta, once its JSON is complete), then one chunk with an empty delta that carries
     finish_reason and matched_stop; an optional usage chunk (choices: []) at the end."""
     metas: dict[int, dict[str, Any]] = {}
+    parsers: dict[int, ToolCallParser | None] = {}
     tokenizer = state.rt.tokenizer
 
     def chunk(
@@ -291,17 +309,44 @@ async def _chat_chunks(
             first = k not in metas
             meta = metas[k] = delta["meta_info"]
             if first:
+                parsers[k] = plan.parser()
                 yield chunk(k, {"role": "assistant", "content": "", "reasoning_content": None})
             logprobs = None
             if req.logprobs:
                 logprobs = chat_logprobs(tokenizer, *logprob_rows(meta, echo=False))
-            if delta["text"] or (logprobs and logprobs["content"]):
-                yield chunk(k, {"content": delta["text"]}, logprobs)
             reason, matched = finish_of(meta)
+            parser = parsers[k]
+            if parser is None:
+                if delta["text"] or (logprobs and logprobs["content"]):
+                    yield chunk(k, {"content": delta["text"]}, logprobs)
+            else:
+                # NOTE: text that may still be a tool call is held back; the held tokens'
+                # logprobs ride on the next chunk (an empty delta when nothing is released).
+                before = parser.num_calls
+                pieces = parser.feed(delta["text"]) + (parser.finish() if reason else [])
+                deltas = _tool_deltas(pieces, before)
+                if not deltas and logprobs and logprobs["content"]:
+                    deltas = [{}]
+                for i, piece in enumerate(deltas):
+                    yield chunk(k, piece, logprobs if i == 0 else None)
+                reason = finish_reason(reason, parser.num_calls > 0)
             if reason is not None:
                 yield chunk(k, {}, reason=reason, matched=matched)
     if req.stream_options is not None and req.stream_options.include_usage:
         yield _with_usage({**head, "choices": []}, state, req, metas, continuous=False)
+
+
+def _tool_deltas(pieces: list[str | ToolCall], calls_before: int) -> list[dict[str, Any]]:
+    """The deltas of released pieces: content text, or a whole call with its index among the
+    choice's calls (calls_before were sent earlier)."""
+    deltas: list[dict[str, Any]] = []
+    for piece in pieces:
+        if isinstance(piece, str):
+            deltas.append({"content": piece})
+        else:
+            deltas.append({"tool_calls": [piece.openai(index=calls_before)]})
+            calls_before += 1
+    return deltas
 
 
 ##### Shared #####

@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from weft.runtime.http.app import BadRequest
+from weft.runtime.http.tool_calls import ToolPlan, plan_tools
 
 # Known fields weft cannot honour: a 400 naming the field when one is set (not null).
 UNSUPPORTED_FIELDS = {
@@ -119,8 +120,8 @@ class _Common(_Strict):
     spaces_between_special_tokens: bool | None = None
     rid: str | list[str] | None = None
     # accepted and ignored: user, store, metadata, service_tier, prompt_cache_key,
-    # safety_identifier, cache_salt, priority (and on chat parallel_tool_calls,
-    # separate_reasoning, reasoning_effort); refused when set: UNSUPPORTED_FIELDS
+    # safety_identifier, cache_salt, priority (and on chat separate_reasoning,
+    # reasoning_effort); refused when set: UNSUPPORTED_FIELDS
     user: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
@@ -197,40 +198,12 @@ class ChatCompletionRequest(_Common):
     audio: Any = None
     prediction: Any = None
 
-    def tool_spec(self) -> tuple[list[dict[str, Any]] | None, str | None]:
-        """(tools for the chat template, the json_schema that tool_choice required/named implies).
-
-        tool_choice "none" hides the tools from the template, as SGLang does. Parsing the output
-        into message.tool_calls is not implemented yet (a tool call comes back as content)."""
+    def tool_plan(self) -> ToolPlan:
+        """What tools / tool_choice / parallel_tool_calls ask (weft.runtime.http.tool_calls)."""
+        tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
         choice = self.tool_choice
-        if not self.tools:
-            if choice is not None and choice != "none":
-                raise BadRequest(
-                    "tool_choice is only allowed when tools are given", 400, "tool_choice"
-                )
-            return None, None
-        if choice == "none":
-            return None, None
-        tools = [t.model_dump(exclude_none=True) for t in self.tools]
-        params = {t.function.name: t.function.parameters or {"type": "object"} for t in self.tools}
-        if choice is None or choice == "auto":
-            return tools, None
-        if choice == "required":
-            calls = [
-                {
-                    "type": "object",
-                    "properties": {"name": {"enum": [name]}, "parameters": schema},
-                    "required": ["name", "parameters"],
-                }
-                for name, schema in params.items()
-            ]
-            return tools, json.dumps({"type": "array", "minItems": 1, "items": {"anyOf": calls}})
-        name = choice.function.name
-        if name not in params:
-            raise BadRequest(
-                f"tool_choice names function {name!r}, not in tools", 400, "tool_choice"
-            )
-        return tools, json.dumps(params[name])
+        named = choice.model_dump() if isinstance(choice, NamedToolChoice) else None
+        return plan_tools(tools, named or choice, self.parallel_tool_calls)
 
 
 def _format_schema(fmt: ResponseFormat | None) -> str | None:
