@@ -324,7 +324,10 @@ def test_apply_chat_template_matches_the_tokenizer(server: Any, default_model_di
 
 
 def test_disconnect_while_waiting_for_a_non_stream_reply_aborts(server: Any) -> None:
-    body = {"text": "Count forever:", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
+    body = {
+        "text": "Count forever:",
+        "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True},
+    }
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{server.url}/generate", json=body, timeout=3)
     state = wait_idle(server, timeout=30)

@@ -1,0 +1,190 @@
+"""weft.kernels on CUDA at real shapes against the float32 references, plus decode-attention and
+rmsnorm time and GB/s (printed even without -s). Skipped without CUDA."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytest.importorskip("triton", reason="triton is not importable")
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
+_spec = importlib.util.spec_from_file_location("bench_kernels", _PATH)
+assert _spec is not None and _spec.loader is not None
+bench = importlib.util.module_from_spec(_spec)
+sys.modules["bench_kernels"] = bench
+_spec.loader.exec_module(bench)
+
+import weft.kernels as wk  # noqa: E402
+from weft.kernels import reference as ref  # noqa: E402
+
+TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-4}
+DEV = "cuda"
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def assert_close(out: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
+    """Every element written and finite; relative L2 error under tol."""
+    assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} outputs unwritten (NaN)"
+    err = ((out.float() - expected).norm() / expected.norm()).item()
+    assert err < tol, f"relative error {err:.3g} >= {tol}"
+
+
+def ragged(n: int, lo: int, hi: int) -> list[int]:
+    """n random lengths in [lo, hi], with both ends and a page boundary among them."""
+    lens = torch.randint(lo, hi + 1, (n,)).tolist()
+    lens[:3] = [lo, hi, max(lo, min(hi, 32))][: len(lens)]
+    return lens
+
+
+DECODE_CASES = [
+    # batch, heads, kv heads, head dim, page size, splits (None: heuristic), dtype
+    (48, 32, 8, 128, 16, None, torch.bfloat16),
+    (16, 32, 8, 128, 1, 1, torch.bfloat16),
+    (16, 32, 32, 128, 16, 7, torch.bfloat16),
+    (8, 64, 8, 128, 16, 16, torch.bfloat16),
+    (33, 16, 4, 64, 16, 4, torch.float16),
+    (12, 32, 8, 128, 16, 3, torch.float32),
+]
+
+
+@pytest.mark.parametrize("bsz, heads, hkv, dim, page, splits, dtype", DECODE_CASES)
+def test_decode_attention(
+    bsz: int, heads: int, hkv: int, dim: int, page: int, splits: int | None, dtype: torch.dtype
+) -> None:
+    lens = ragged(bsz, 1, 2048)
+    k_buffer, v_buffer, table, rows = bench.random_pool(lens, page, hkv, dim, dtype, poison=True)
+    q = torch.randn(bsz, heads, dim, dtype=dtype, device=DEV)
+    seq_lens = torch.tensor(lens, device=DEV)
+    out = torch.full_like(q, float("nan"))
+    if splits is None:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        splits = wk.decode_num_kv_splits(bsz, hkv, max(lens), sms)
+    args = (k_buffer, v_buffer, table, rows, seq_lens)
+    wk.decode_attention(q, *args, out, dim**-0.5, splits)
+    assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
+
+
+EXTEND_CASES = [
+    # batch, heads, kv heads, head dim, page size, max prefix, max extend, dtype
+    (8, 32, 8, 128, 16, 1500, 1024, torch.bfloat16),
+    (6, 32, 32, 128, 1, 700, 600, torch.bfloat16),
+    (5, 64, 8, 64, 16, 0, 2048, torch.bfloat16),
+    (16, 32, 8, 128, 16, 2000, 1, torch.bfloat16),
+    (4, 32, 8, 128, 16, 300, 300, torch.float32),
+]
+
+
+@pytest.mark.parametrize("bsz, heads, hkv, dim, page, max_prefix, max_ext, dtype", EXTEND_CASES)
+def test_extend_attention(
+    bsz: int,
+    heads: int,
+    hkv: int,
+    dim: int,
+    page: int,
+    max_prefix: int,
+    max_ext: int,
+    dtype: torch.dtype,
+) -> None:
+    prefix = ragged(bsz, 0, max_prefix)
+    ext = ragged(bsz, 1, max_ext)
+    lens = [p + e for p, e in zip(prefix, ext, strict=True)]
+    k_buffer, v_buffer, table, rows = bench.random_pool(lens, page, hkv, dim, dtype, poison=True)
+    tokens = sum(ext)
+    q = torch.randn(tokens, heads, dim, dtype=dtype, device=DEV)
+    k = torch.randn(tokens, hkv, dim, dtype=dtype, device=DEV)
+    v = torch.randn_like(k)
+    ext_t = torch.tensor(ext, device=DEV)
+    meta = (rows, torch.tensor(prefix, device=DEV), ext_t, torch.cumsum(ext_t, 0) - ext_t)
+    out = torch.full_like(q, float("nan"))
+    args = (q, k, v, k_buffer, v_buffer, table, *meta)
+    wk.extend_attention(*args, out, dim**-0.5, max(ext))
+    assert_close(out, ref.extend_attention_ref(*args, dim**-0.5), TOL[dtype])
+
+
+def test_store_kv() -> None:
+    k = torch.randn(4096, 8, 128, dtype=torch.bfloat16, device=DEV)
+    v = torch.randn_like(k)
+    k_buffer = torch.full((70000, 8, 128), float("nan"), dtype=torch.bfloat16, device=DEV)
+    v_buffer = torch.full_like(k_buffer, float("nan"))
+    loc = torch.randperm(70000, device=DEV)[:4096]
+    wk.store_kv(k, v, k_buffer, v_buffer, loc)
+    assert torch.equal(k_buffer[loc], k) and torch.equal(v_buffer[loc], v)
+    assert int((~k_buffer.isnan()).all(-1).all(-1).sum()) == 4096
+
+
+def test_rmsnorm_and_fused_add() -> None:
+    x = torch.randn(4096, 4096, dtype=torch.bfloat16, device=DEV)
+    res = torch.randn_like(x)
+    w = (1 + 0.1 * torch.randn(4096, device=DEV)).to(torch.bfloat16)
+    out = torch.full_like(x, float("nan"))
+    assert_close(wk.rmsnorm(x, w, 1e-5, out=out), ref.rmsnorm_ref(x, w, 1e-5), 1e-2)
+    x_want, res_want = ref.fused_add_rmsnorm_ref(x, res, w, 1e-5)
+    wk.fused_add_rmsnorm(x, res, w, 1e-5)
+    assert_close(res, res_want, 1e-2)
+    assert_close(x, x_want, 1e-2)
+
+
+def test_silu_and_mul() -> None:
+    gate_up = torch.randn(1024, 2 * 14336, dtype=torch.bfloat16, device=DEV)
+    out = torch.full((1024, 14336), float("nan"), dtype=torch.bfloat16, device=DEV)
+    assert_close(wk.silu_and_mul(gate_up, out=out), ref.silu_and_mul_ref(gate_up), 1e-2)
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_rotary_llama31(neox: bool) -> None:
+    from weft.runtime.models.layers import rope_inv_freq
+
+    params = {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+    }  # fmt: skip
+    cache = wk.cos_sin_cache(rope_inv_freq(128, params).to(DEV), 131072)
+    positions = torch.randint(0, 131072, (4096,), device=DEV)
+    qkv = torch.randn(4096, 48 * 128, dtype=torch.bfloat16, device=DEV)
+    q, k = qkv[:, : 32 * 128].view(4096, 32, 128), qkv[:, 32 * 128 : 40 * 128].view(4096, 8, 128)
+    q_want, k_want = ref.rotary_embedding_ref(positions, q, k, cache, is_neox=neox)
+    wk.rotary_embedding(positions, q, k, cache, is_neox=neox)
+    assert_close(q, q_want, 1e-2)
+    assert_close(k, k_want, 1e-2)
+
+
+def test_apply_token_bitmask() -> None:
+    logits = torch.randn(64, 128256, device=DEV)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (20, 4008), dtype=torch.int32, device=DEV)
+    rows = torch.randperm(64, device=DEV)[:20]
+    want = ref.apply_token_bitmask_ref(logits, bitmask, rows)
+    wk.apply_token_bitmask(logits, bitmask, rows)
+    assert torch.equal(logits, want)
+
+
+def test_bandwidth_report(capsys: pytest.CaptureFixture[str]) -> None:
+    """Time and GB/s of decode attention (B=64, kv 2048, 32/8 heads, d=128, page 16) and rmsnorm
+    (T=4096, hidden 4096), next to this run's device-to-device copy bandwidth."""
+    ceiling = bench.copy_gbps()
+    args = bench.decode_setup(64, 2048)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = wk.decode_num_kv_splits(64, 8, 2048, sms)
+    ms = bench.time_ms(lambda: wk.decode_attention(**args, num_kv_splits=splits))
+    decode_gbps = bench.decode_bytes(64, 2048) / ms / 1e6
+    x = torch.randn(4096, 4096, dtype=torch.bfloat16, device=DEV)
+    w, y = torch.randn(4096, dtype=torch.bfloat16, device=DEV), torch.empty_like(x)
+    norm_ms = bench.time_ms(lambda: wk.rmsnorm(x, w, 1e-5, out=y))
+    norm_gbps = 2 * x.numel() * 2 / norm_ms / 1e6
+    lines = [f"[kernels] copy ceiling {ceiling:.0f} GB/s (read + write)"]
+    lines.append(f"[kernels] decode_attention B=64 kv=2048 32/8 heads d=128 page 16, {splits} splits: "
+          f"{ms * 1e3:.1f} us, {decode_gbps:.0f} GB/s ({decode_gbps / ceiling:.0%} of copy)")  # fmt: skip
+    lines.append(f"[kernels] rmsnorm T=4096 hidden=4096: {norm_ms * 1e3:.1f} us, {norm_gbps:.0f} GB/s "
+          f"({norm_gbps / ceiling:.0%} of copy)")  # fmt: skip
+    with capsys.disabled():  # shown without -s
+        print("\n" + "\n".join(lines))
+    assert decode_gbps > 0 and norm_gbps > 0
