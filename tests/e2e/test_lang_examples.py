@@ -1,0 +1,47 @@
+"""Every example runs, as `python examples/NAME.py --url ... --max-tokens 3` would (against the
+session's server), in one subprocess so the interpreter and torch are imported once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+NAMES = [
+    "quickstart",
+    "few_shot",
+    "select_choices",
+    "fork_join",
+    "json_extraction",
+    "multi_turn_chat",
+    "tool_use_agent",
+    "run_batch",
+]
+RUNNER = """
+import runpy, sys
+url, names = sys.argv[1], sys.argv[2:]
+sys.path.insert(0, ".")
+for name in names:
+    print(f"=== {name}", flush=True)
+    sys.argv = [f"{name}.py", "--url", url, "--max-tokens", "3"]
+    runpy.run_path(f"{name}.py", run_name="__main__")
+"""
+
+
+def test_every_example_runs(server: Any) -> None:
+    assert sorted(NAMES) == sorted(
+        p.stem for p in EXAMPLES.glob("*.py") if p.stem != "example_args"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER, server.url, *NAMES],
+        cwd=EXAMPLES,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sections = proc.stdout.split("=== ")[1:]
+    assert [s.split("\n", 1)[0] for s in sections] == NAMES
+    assert all(s.split("\n", 1)[1].strip() for s in sections), proc.stdout
