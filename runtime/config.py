@@ -48,6 +48,7 @@ class EngineConfig:
     strict_schemas: bool = False  # refuse JSON-schema keywords the backend cannot enforce
     disable_jump_forward: bool = False  # constrained decoding: sample forced tokens one by one
     cache_dir: str | None = None  # converted models; default ~/.cache/weft
+    cpu_threads: int | None = None  # torch intra-op threads of the scheduler on CPU; None: torch's
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
@@ -98,6 +99,8 @@ class EngineConfig:
             )
         if not self.grammar_timeout > 0:
             raise ValueError(f"grammar_timeout must be > 0 seconds, got {self.grammar_timeout}")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ValueError(f"log_level must be debug/info/warning/error, got {self.log_level!r}")
 

@@ -42,8 +42,10 @@ def decode_prefix(req: Req) -> list[int]:
 
 
 def check_finish(req: Req, token: int, eos_ids: frozenset[int]) -> FinishReason | None:
-    """Order: length, grammar, stop string / regex, EOS, stop token ids (none before
-    min_new_tokens). Also advances the request's grammar and stop-string state by `token`."""
+    """Order: grammar, stop string / regex, EOS and stop token ids (none of these before
+    min_new_tokens), then length — a last allowed token that completes a stop string or is an
+    EOS reports "stop", not "length" (SGLang checks length first; its stop text then stays in
+    the output). Also advances the request's grammar and stop-string state by `token`."""
     p = req.params
     n = len(req.output_ids)
     stop = req.stop_state
@@ -54,24 +56,21 @@ def check_finish(req: Req, token: int, eos_ids: frozenset[int]) -> FinishReason 
         if n == p.min_new_tokens:
             stop.start = len(stop.decoder.text)
         stop.decoder.push([token])
-    if n >= req.max_new_tokens:
-        return FinishReason("length", length=req.max_new_tokens)
     if grammar is not None:
         if grammar.error() is not None:
             return FinishReason("abort", message=f"grammar error: {grammar.error()}")
         if grammar.is_terminated():
             return FinishReason("stop", matched=token)
-    if n < p.min_new_tokens:
-        return None
-    if stop is not None:
-        hit = stop.matcher.search(stop.decoder.text, stop.start)
-        if hit is not None:
-            offset, matched = hit
-            return FinishReason("stop", matched=matched, trim_offset=offset)
-    if p.ignore_eos:
-        return None
-    if token in eos_ids or token in p.stop_token_ids:
-        return FinishReason("stop", matched=token)
+    if n >= p.min_new_tokens:
+        if stop is not None:
+            hit = stop.matcher.search(stop.decoder.text, stop.start)
+            if hit is not None:
+                offset, matched = hit
+                return FinishReason("stop", matched=matched, trim_offset=offset)
+        if not p.ignore_eos and (token in eos_ids or token in p.stop_token_ids):
+            return FinishReason("stop", matched=token)
+    if n >= req.max_new_tokens:
+        return FinishReason("length", length=req.max_new_tokens)
     return None
 
 

@@ -49,6 +49,8 @@ class ModelRunner:
         self.page_size = config.resolved_page_size
         self.stop_ids: frozenset[int] = frozenset()  # set by the scheduler (model EOS ids)
 
+        if self.device.type == "cpu" and config.cpu_threads is not None:
+            torch.set_num_threads(config.cpu_threads)
         t0 = time.perf_counter()
         torch.manual_seed(config.seed)
         self.model = build_model(hf_config, context_len, self.device, self.dtype)

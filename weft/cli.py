@@ -30,6 +30,11 @@ _HELP = {
     "attention_backend": "auto or a backend name (torch)",
     "cache_dir": "where converted models are kept; none = ~/.cache/weft",
     "log_level": "debug, info, warning or error",
+    "cpu_threads": "torch threads of the scheduler on CPU; none = torch's default",
+    "grammar_backend": "llguidance or outlines",
+    "grammar_timeout": "seconds a grammar may compile before the request gets a 400",
+    "strict_schemas": "refuse JSON-schema keywords the grammar backend cannot enforce",
+    "disable_jump_forward": "sample grammar-forced tokens one by one",
 }
 
 
@@ -44,7 +49,13 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, action="store_true", help=text)
         else:
             kind = {int: int, float: float}.get(type(default), str)
-            if f.name in ("context_length", "page_size", "max_total_tokens", "kv_cache_bytes"):
+            if f.name in (
+                "context_length",
+                "page_size",
+                "max_total_tokens",
+                "kv_cache_bytes",
+                "cpu_threads",
+            ):
                 kind = int
             group.add_argument(flag, type=kind, default=default, help=text)
 

@@ -76,6 +76,7 @@ def plan_tools(
                 "type": "object",
                 "properties": {"name": {"enum": [name]}, "parameters": schema},
                 "required": ["name", "parameters"],
+                "additionalProperties": False,
             }
             for name, schema in params.items()
         ]
