@@ -1,1 +1,53 @@
-"""weft.kernels: Triton kernels and their PyTorch references."""
+"""weft.kernels: Triton kernels and their PyTorch references (imports only torch and triton).
+
+Each kernel module holds a @triton.jit kernel and a launch wrapper that checks shapes, dtypes and
+strides; `reference` holds the float32 PyTorch semantics they are tested against. The names below
+load lazily, so `weft.kernels.reference` works where triton is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .activation import silu_and_mul
+    from .bitmask import apply_token_bitmask
+    from .decode import decode_attention, decode_num_kv_splits
+    from .extend import extend_attention
+    from .kv_store import store_kv
+    from .norm import fused_add_rmsnorm, rmsnorm
+    from .rotary import cos_sin_cache, rotary_embedding
+
+_EXPORTS = {
+    "apply_token_bitmask": "bitmask",
+    "cos_sin_cache": "rotary",
+    "decode_attention": "decode",
+    "decode_num_kv_splits": "decode",
+    "extend_attention": "extend",
+    "fused_add_rmsnorm": "norm",
+    "rmsnorm": "norm",
+    "rotary_embedding": "rotary",
+    "silu_and_mul": "activation",
+    "store_kv": "kv_store",
+}
+
+__all__ = [
+    "apply_token_bitmask",
+    "cos_sin_cache",
+    "decode_attention",
+    "decode_num_kv_splits",
+    "extend_attention",
+    "fused_add_rmsnorm",
+    "rmsnorm",
+    "rotary_embedding",
+    "silu_and_mul",
+    "store_kv",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -1,0 +1,226 @@
+"""Kernel timings on CUDA: weft.kernels against the device-to-device copy ceiling of the same run.
+
+    python benchmarks/kernels.py [--quick]
+
+Medians of CUDA-event timings after warm-up (triton.testing.do_bench, L2 flushed between runs), on
+random data. GB/s counts the fewest bytes each kernel must move (every input read once, every
+output written once), bytes read plus written, as the copy ceiling does.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+Pool = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def random_pool(
+    lens: list[int],
+    page_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: str = "cuda",
+    poison: bool = False,
+) -> Pool:
+    """(k_buffer, v_buffer, req_to_token, req_rows) for requests of `lens` tokens on shuffled pages
+    (page 0 reserved) at shuffled table rows. poison: unowned slots NaN, unused table entries -> 0."""
+    pages_per = [-(-n // page_size) for n in lens]
+    num_pages = 1 + sum(pages_per)
+    shape = (num_pages * page_size, num_kv_heads, head_dim)
+    k_buffer = torch.randn(shape, dtype=dtype, device=device)
+    v_buffer = torch.randn(shape, dtype=dtype, device=device)
+    table = torch.zeros(len(lens) + 4, max(lens) + page_size, dtype=torch.int64, device=device)
+    rows = torch.randperm(len(lens) + 4, device=device)[: len(lens)]
+    pages = torch.randperm(num_pages - 1, device=device) + 1
+    owned = torch.zeros(num_pages * page_size, dtype=torch.bool, device=device)
+    offsets = torch.arange(page_size, device=device)
+    first = 0
+    for b, n in enumerate(lens):
+        mine = pages[first : first + pages_per[b]]
+        first += pages_per[b]
+        slots = (mine[:, None] * page_size + offsets).reshape(-1)[:n]  # [n]
+        table[rows[b], :n] = slots
+        owned[slots] = True
+    if poison:
+        k_buffer[~owned] = float("nan")
+        v_buffer[~owned] = float("nan")
+    return k_buffer, v_buffer, table, rows
+
+
+def time_ms(fn: Callable[[], object]) -> float:
+    """Median milliseconds of fn over repeated CUDA-event timings, after warm-up."""
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
+
+
+def copy_gbps(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth, bytes read + written per second, in GB/s."""
+    src = torch.randn(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * nbytes / time_ms(lambda: dst.copy_(src)) / 1e6
+
+
+def decode_setup(bsz: int, kv_len: int, heads: int = 32, hkv: int = 8, dim: int = 128) -> dict:
+    k_buffer, v_buffer, table, rows = random_pool([kv_len] * bsz, 16, hkv, dim, torch.bfloat16)
+    return {
+        "q": torch.randn(bsz, heads, dim, dtype=torch.bfloat16, device="cuda"),
+        "k_buffer": k_buffer,
+        "v_buffer": v_buffer,
+        "req_to_token": table,
+        "req_rows": rows,
+        "seq_lens": torch.full((bsz,), kv_len, dtype=torch.int64, device="cuda"),
+        "out": torch.empty(bsz, heads, dim, dtype=torch.bfloat16, device="cuda"),
+        "scale": dim**-0.5,
+    }
+
+
+def decode_bytes(bsz: int, kv_len: int, heads: int = 32, hkv: int = 8, dim: int = 128) -> int:
+    kv = 2 * bsz * kv_len * hkv * dim * 2  # K and V, bf16
+    return kv + bsz * kv_len * 8 + 2 * bsz * heads * dim * 2  # + slot indices, q, out
+
+
+def bench_decode(ceiling: float, quick: bool) -> None:
+    from weft.kernels import decode_attention, decode_num_kv_splits
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits_grid = [1, 2, 4, 8, 16, 32]
+    print(f"\ndecode attention, kv 2048, 32 q / 8 kv heads, d=128, page 16, bf16 ({sms} SMs)")
+    print("  GB/s per num_kv_splits (columns); * = decode_num_kv_splits' pick")
+    print(f"  {'batch':>5} {'block_n':>7} " + " ".join(f"{s:>7}" for s in splits_grid))
+    for bsz in [64] if quick else [1, 16, 64, 128]:
+        args = decode_setup(bsz, 2048)
+        pick = decode_num_kv_splits(bsz, 8, 2048, sms)
+        nbytes = decode_bytes(bsz, 2048)
+        for block_n in (32, 64):
+            cells = []
+            for splits in splits_grid:
+                ms = time_ms(
+                    partial(decode_attention, **args, num_kv_splits=splits, block_n=block_n)
+                )
+                mark = "*" if splits == pick else " "
+                cells.append(f"{nbytes / ms / 1e6:>6.0f}{mark}")
+            print(f"  {bsz:>5} {block_n:>7} " + " ".join(cells))
+    args = decode_setup(64, 2048)
+    splits = decode_num_kv_splits(64, 8, 2048, sms)
+    for attempt in ("", " (again: the spread is noise)"):
+        ms = time_ms(lambda: decode_attention(**args, num_kv_splits=splits))
+        gbps = decode_bytes(64, 2048) / ms / 1e6
+        print(f"  B=64 defaults (splits {splits}): {ms * 1e3:.1f} us, {gbps:.0f} GB/s = "
+              f"{gbps / ceiling:.0%} of copy{attempt}")  # fmt: skip
+    print("  (FlashInfer 0.5.3 on this shape: 140 us, 3.7-3.8 TB/s per DEVICE.md)")
+
+
+def bench_extend(quick: bool) -> None:
+    from weft.kernels import extend_attention
+
+    print("\nextend attention, 32 q / 8 kv heads, d=128, page 16, bf16: TFLOP/s (causal FLOPs)")
+    for prefix, ext, bsz in [(0, 2048, 8), (1024, 1024, 8)]:
+        k_buffer, v_buffer, table, rows = random_pool(
+            [prefix + ext] * bsz, 16, 8, 128, torch.bfloat16
+        )
+        tokens = bsz * ext
+        q = torch.randn(tokens, 32, 128, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(tokens, 8, 128, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn_like(k)
+        out = torch.empty_like(q)
+        lens = torch.full((bsz,), ext, dtype=torch.int64, device="cuda")
+        pre = torch.full((bsz,), prefix, dtype=torch.int64, device="cuda")
+        start = torch.cumsum(lens, 0) - lens
+        pool = (k_buffer, v_buffer, table, rows, pre, lens, start)
+        keys_seen = bsz * (ext * prefix + ext * (ext + 1) // 2)  # (query, key) pairs
+        flops = 4 * 128 * 32 * keys_seen
+        configs = (
+            [(64, 64, None)] if quick else [(64, 64, 4), (64, 64, 8), (128, 64, 8), (128, 32, 8)]
+        )
+        for bm, bn, warps in configs:
+            run = partial(extend_attention, q, k, v, *pool, out, 128**-0.5, ext)
+            ms = time_ms(partial(run, block_m=bm, block_n=bn, num_warps=warps))
+            print(f"  {bsz} x ({prefix} cached + {ext} new) block {bm}x{bn} warps {warps}: "
+                  f"{ms * 1e3:8.1f} us  {flops / ms / 1e9:6.1f} TFLOP/s")  # fmt: skip
+
+
+def bench_elementwise(ceiling: float) -> None:
+    from weft.kernels import (
+        apply_token_bitmask,
+        cos_sin_cache,
+        fused_add_rmsnorm,
+        rmsnorm,
+        rotary_embedding,
+        silu_and_mul,
+        store_kv,
+    )
+
+    bf16, dev = torch.bfloat16, "cuda"
+    t, hidden, inter = 4096, 4096, 14336
+    x = torch.randn(t, hidden, dtype=bf16, device=dev)
+    res = torch.randn_like(x)
+    w = torch.randn(hidden, dtype=bf16, device=dev)
+    out = torch.empty_like(x)
+    gate_up = torch.randn(t, 2 * inter, dtype=bf16, device=dev)
+    q = torch.randn(t, 32, 128, dtype=bf16, device=dev)
+    k = torch.randn(t, 8, 128, dtype=bf16, device=dev)
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, device=dev).float() / 128))
+    cache = cos_sin_cache(inv_freq, 8192)
+    pos = torch.randint(0, 8192, (t,), device=dev)
+    kb, vb = (
+        torch.empty(65536, 8, 128, dtype=bf16, device=dev),
+        torch.empty(65536, 8, 128, dtype=bf16, device=dev),
+    )
+    loc = torch.randperm(65536, device=dev)[:t]
+    logits = torch.randn(64, 128256, device=dev)
+    mask = torch.randint(-(2**31), 2**31 - 1, (64, 4008), dtype=torch.int32, device=dev)
+
+    def eager_rmsnorm() -> torch.Tensor:
+        x32 = x.float()
+        return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(bf16)
+
+    def eager_silu() -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    n = t * hidden * 2
+    rows = [
+        ("rmsnorm T=4096 hidden 4096", lambda: rmsnorm(x, w, 1e-5, out=out), 2 * n),
+        ("  torch eager (weft's RMSNorm math)", eager_rmsnorm, 2 * n),
+        ("fused_add_rmsnorm T=4096 hidden 4096", lambda: fused_add_rmsnorm(x, res, w, 1e-5), 4 * n),
+        ("silu_and_mul T=4096 I=14336", lambda: silu_and_mul(gate_up), 3 * t * inter * 2),
+        ("  torch eager (F.silu(gate) * up)", eager_silu, 3 * t * inter * 2),
+        ("rotary T=4096 32+8 heads d=128", lambda: rotary_embedding(pos, q, k, cache), 2 * t * 40 * 256 + t * 512),
+        ("store_kv T=4096 8 kv heads d=128", lambda: store_kv(k, k, kb, vb, loc), 4 * t * 8 * 256),
+        ("bitmask 64 x 128256 fp32", lambda: apply_token_bitmask(logits, mask), 64 * 4008 * 4 + 64 * 64128 * 4),
+    ]  # fmt: skip
+    print(f"\n{'elementwise (bf16)':<40} {'us':>8} {'GB/s':>7} {'of copy':>8}")
+    for name, fn, nbytes in rows:
+        ms = time_ms(fn)
+        print(
+            f"{name:<40} {ms * 1e3:8.1f} {nbytes / ms / 1e6:7.0f} {nbytes / ms / 1e6 / ceiling:8.0%}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer configurations")
+    args = parser.parse_args()
+    assert torch.cuda.is_available(), "benchmarks/kernels.py needs CUDA"
+    torch.manual_seed(0)
+    ceiling = copy_gbps()
+    import triton
+
+    print(
+        f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}"
+    )
+    print(f"device-to-device copy: {ceiling:.0f} GB/s (read + write)")
+    bench_decode(ceiling, args.quick)
+    bench_extend(args.quick)
+    bench_elementwise(ceiling)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""Launch-wrapper guards: shape, dtype, device and unit-stride checks before a Triton launch."""
+
+from __future__ import annotations
+
+import torch
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def check_tensor(
+    t: torch.Tensor,
+    name: str,
+    shape: tuple[int | None, ...],
+    dtypes: tuple[torch.dtype, ...] | None = None,
+    device: torch.device | None = None,
+) -> None:
+    """Assert rank, sizes (None = any), dtype, device and a unit stride in the last dim."""
+    assert t.dim() == len(shape) and all(
+        want is None or want == got for want, got in zip(shape, t.shape, strict=True)
+    ), f"{name}: expected shape {shape}, got {tuple(t.shape)}"
+    assert dtypes is None or t.dtype in dtypes, f"{name}: dtype {t.dtype} not in {dtypes}"
+    assert device is None or t.device == device, f"{name}: on {t.device}, expected {device}"
+    assert t.numel() == 0 or t.shape[-1] == 1 or t.stride(-1) == 1, (
+        f"{name}: the last dim must have unit stride, got strides {t.stride()}"
+    )

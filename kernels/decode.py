@@ -1,0 +1,210 @@
+"""Paged decode attention with split-KV (FlashDecoding), GQA-aware: one program per kv-head group."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._check import INDEX_DTYPES, check_tensor
+
+# NOTE: partial results are kept in base 2 (scores scaled by log2(e)), so the kernels use exp2/log2.
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_split_kernel(  # type: ignore[no-untyped-def]
+    Q,  # [B, H, D]
+    K_buf,  # [num_slots, Hkv, D]
+    V_buf,
+    Req_to_token,  # [max_reqs, max_context]
+    Req_rows,  # [B]
+    Seq_lens,  # [B]
+    Part_o,  # [B, H, S, D] float32: each split's normalised output
+    Part_lse,  # [B, H, S] float32: each split's log2-sum-exp2 of scores
+    qk_scale,  # softmax scale * log2(e)
+    num_splits,
+    stride_qb,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_rr,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
+    G: tl.constexpr,  # q heads per kv head
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # >= G, >= 16 so tl.dot has a legal shape
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    row = tl.load(Req_rows + b).to(tl.int64)
+    seq_len = tl.load(Seq_lens + b).to(tl.int32)
+    # whole blocks per split, so only a request's last block is ragged
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    h_mask = offs_h < G
+    d_mask = offs_d < D
+    heads = kvh * G + offs_h  # [BLOCK_H] the q heads served by this kv head
+    if end > start:
+        q_ptrs = Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=h_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + offs_n
+            n_mask = n < end
+            slot = tl.load(Req_to_token + row * stride_rr + n, mask=n_mask, other=0).to(tl.int64)
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            k_ptrs = K_buf + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_H, N]
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])  # [BLOCK_H, BLOCK_N]
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v_ptrs = V_buf + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+        o_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
+        hd_mask = h_mask[:, None] & d_mask[None, :]
+        tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
+        lse_ptrs = Part_lse + b * stride_lb + heads * stride_lh + split
+        tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=h_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
+    Part_o,  # [B, H, S, D] float32
+    Part_lse,  # [B, H, S] float32
+    Seq_lens,  # [B]
+    Out,  # [B, H, D]
+    num_splits,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
+    stride_outb,
+    stride_outh,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    seq_len = tl.load(Seq_lens + b).to(tl.int32)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    # NOTE: splits at or past seq_len were never written (their buffers hold garbage): skip them.
+    used = tl.cdiv(seq_len, tl.maximum(split_len, 1))
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < D
+    m = float("-inf")
+    total = 0.0
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s in range(0, used):
+        lse = tl.load(Part_lse + b * stride_lb + h * stride_lh + s)
+        o = tl.load(Part_o + b * stride_ob + h * stride_oh + s * stride_os + offs_d, mask=d_mask)
+        m_new = tl.maximum(m, lse)
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new)
+        acc = acc * alpha + w * o
+        total = total * alpha + w
+        m = m_new
+    out = acc / tl.where(total > 0, total, 1.0)  # seq_len 0 (a padded row) gives zeros
+    tl.store(Out + b * stride_outb + h * stride_outh + offs_d, out, mask=d_mask)
+
+
+def decode_num_kv_splits(
+    batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int = 132
+) -> int:
+    """Splits so the grid has ~4 programs per SM, each split at least 256 tokens; a power of 2."""
+    want = triton.cdiv(4 * num_sms, max(batch_size * num_kv_heads, 1))
+    cap = max(1, min(64, max_seq_len // 256))
+    return min(triton.next_power_of_2(want), triton.next_power_of_2(cap + 1) // 2)
+
+
+def decode_attention(
+    q: torch.Tensor,  # [B, H, D]
+    k_buffer: torch.Tensor,  # [num_slots, Hkv, D]
+    v_buffer: torch.Tensor,  # [num_slots, Hkv, D]
+    req_to_token: torch.Tensor,  # [max_reqs, max_context] int
+    req_rows: torch.Tensor,  # [B] int
+    seq_lens: torch.Tensor,  # [B] int, KV length including this step's token (already stored)
+    out: torch.Tensor,  # [B, H, D], written
+    scale: float,
+    num_kv_splits: int,
+    partials: tuple[torch.Tensor, torch.Tensor] | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Attention of each request's one query over its whole paged KV; returns `out`.
+
+    Request b's keys are the slots req_to_token[req_rows[b], :seq_lens[b]]; q head h reads kv head
+    h // (H / Hkv). A program serves one (request, kv head, split) and all q heads of its group.
+
+    `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
+    S' >= num_kv_splits) so CUDA-graph replays reuse one buffer. No host sync: seq_lens stay on the
+    device, and splits past a request's length are skipped by both stages.
+    """
+    bsz, heads, dim = q.shape
+    num_kv_heads = k_buffer.shape[1]
+    dev = q.device
+    check_tensor(q, "q", (bsz, heads, dim), (torch.float16, torch.bfloat16, torch.float32), dev)
+    check_tensor(k_buffer, "k_buffer", (None, num_kv_heads, dim), (q.dtype,), dev)
+    check_tensor(v_buffer, "v_buffer", tuple(k_buffer.shape), (q.dtype,), dev)
+    check_tensor(req_to_token, "req_to_token", (None, None), INDEX_DTYPES, dev)
+    check_tensor(req_rows, "req_rows", (bsz,), INDEX_DTYPES, dev)
+    check_tensor(seq_lens, "seq_lens", (bsz,), INDEX_DTYPES, dev)
+    check_tensor(out, "out", (bsz, heads, dim), (q.dtype,), dev)
+    assert heads % num_kv_heads == 0, f"{heads} q heads do not group over {num_kv_heads} kv heads"
+    fp32 = q.dtype == torch.float32
+    # NOTE: float32 tiles are halved: at 64 keys the fp32 (FMA) dot spills on sm_90 (ptxas report)
+    block_n = block_n or (32 if fp32 else 64)
+    assert num_kv_splits >= 1 and block_n >= 16, (num_kv_splits, block_n)
+    if bsz == 0:
+        return out
+    if partials is None:
+        part_o = torch.empty(bsz, heads, num_kv_splits, dim, dtype=torch.float32, device=dev)
+        part_lse = torch.empty(bsz, heads, num_kv_splits, dtype=torch.float32, device=dev)
+    else:
+        part_o, part_lse = partials
+        check_tensor(part_o, "partials[0]", (None, heads, None, dim), (torch.float32,), dev)
+        check_tensor(part_lse, "partials[1]", (None, heads, None), (torch.float32,), dev)
+        assert part_o.shape[0] >= bsz and part_o.shape[2] >= num_kv_splits, part_o.shape
+        assert part_lse.shape[:3] == part_o.shape[:3], (part_lse.shape, part_o.shape)
+
+    group = heads // num_kv_heads
+    block_d = triton.next_power_of_2(dim)
+    _decode_split_kernel[(bsz, num_kv_heads, num_kv_splits)](
+        q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, part_o, part_lse,
+        scale * LOG2E, num_kv_splits,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+        G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
+        BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
+        num_warps=8 if fp32 else 4, num_stages=2,
+    )  # fmt: skip
+    _decode_reduce_kernel[(bsz, heads)](
+        part_o, part_lse, seq_lens, out, num_kv_splits,
+        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+        out.stride(0), out.stride(1),
+        D=dim, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=4,
+    )  # fmt: skip
+    return out

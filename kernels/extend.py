@@ -1,0 +1,177 @@
+"""Extend (prefill) attention: new tokens attend to their cached prefix in the pool, then causally to
+each other; ragged batches, any page size, GQA."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._check import INDEX_DTYPES, check_tensor
+from .decode import LOG2E
+
+
+@triton.jit
+def _extend_kernel(  # type: ignore[no-untyped-def]
+    Q,  # [T, H, D] new tokens' queries, request after request
+    K,  # [T, Hkv, D] new tokens' keys
+    V,  # [T, Hkv, D]
+    K_buf,  # [num_slots, Hkv, D] the pool: each request's prefix
+    V_buf,
+    Req_to_token,  # [max_reqs, max_context]
+    Req_rows,  # [B]
+    Prefix_lens,  # [B]
+    Extend_lens,  # [B]
+    Extend_start,  # [B] first row of each request in Q/K/V/Out
+    Out,  # [T, H, D]
+    qk_scale,  # softmax scale * log2(e)
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kbt,
+    stride_kbh,
+    stride_vbt,
+    stride_vbh,
+    stride_rr,
+    stride_ot,
+    stride_oh,
+    G: tl.constexpr,  # q heads per kv head
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # One program: BLOCK_M new queries of request b, q head h.
+    #
+    #   keys of request b:  [ prefix (pool, via req_to_token) | new 0 .. ext-1 (K/V) ]
+    #   query i (i < ext):    sees all prefix keys              sees new keys 0..i
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    m_blk = tl.program_id(2)
+    ext_len = tl.load(Extend_lens + b).to(tl.int32)
+    if m_blk * BLOCK_M < ext_len:
+        kvh = h // G
+        row = tl.load(Req_rows + b).to(tl.int64)
+        prefix = tl.load(Prefix_lens + b).to(tl.int32)
+        first = tl.load(Extend_start + b).to(tl.int64)
+        offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] index among the new tokens
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        m_mask = offs_m < ext_len
+        d_mask = offs_d < D
+        q_ptrs = Q + (first + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [M, BLOCK_D]
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+        # stage 1: the cached prefix, read through req_to_token (no causal mask needed)
+        for n0 in range(0, prefix, BLOCK_N):
+            n = n0 + offs_n
+            n_mask = n < prefix
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            slot = tl.load(Req_to_token + row * stride_rr + n, mask=n_mask, other=0).to(tl.int64)
+            k_ptrs = K_buf + slot[:, None] * stride_kbt + kvh * stride_kbh + offs_d[None, :]
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N]
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v_ptrs = V_buf + slot[:, None] * stride_vbt + kvh * stride_vbh + offs_d[None, :]
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        # stage 2: the new tokens themselves, causal; blocks past this query block are skipped
+        end = tl.minimum(ext_len, (m_blk + 1) * BLOCK_M)
+        for n0 in range(0, end, BLOCK_N):
+            n = n0 + offs_n
+            n_mask = n < end
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            k_ptrs = K + (first + n)[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+            s = tl.where(n_mask[None, :] & (n[None, :] <= offs_m[:, None]), s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v_ptrs = V + (first + n)[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            m_i = m_new
+
+        o_ptrs = Out + (first + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, acc / l_i[:, None], mask=m_mask[:, None] & d_mask[None, :])
+
+
+def extend_attention(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, Hkv, D] the new tokens' keys (also stored to the pool by the caller)
+    v: torch.Tensor,  # [T, Hkv, D]
+    k_buffer: torch.Tensor,  # [num_slots, Hkv, D]
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,  # [max_reqs, max_context] int
+    req_rows: torch.Tensor,  # [B] int
+    prefix_lens: torch.Tensor,  # [B] int, tokens already in the pool before this step
+    extend_lens: torch.Tensor,  # [B] int, new tokens this step (0 allowed)
+    extend_start_loc: torch.Tensor,  # [B] int, exclusive cumsum of extend_lens
+    out: torch.Tensor,  # [T, H, D], written
+    scale: float,
+    max_extend_len: int | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of the new tokens over prefix + new tokens; returns `out`.
+
+    Request b's new tokens are rows extend_start_loc[b] + [0, extend_lens[b]) of q/k/v/out; its
+    prefix keys are the slots req_to_token[req_rows[b], :prefix_lens[b]]. New token i (position
+    prefix + i) sees the whole prefix and new tokens 0..i. q head h reads kv head h // (H / Hkv).
+
+    `max_extend_len` (>= every extend_lens[b]) sizes the grid; pass it from the CPU copy to avoid a
+    device sync.
+    """
+    tokens, heads, dim = q.shape
+    bsz = req_rows.shape[0]
+    num_kv_heads = k.shape[1]
+    dev = q.device
+    check_tensor(q, "q", (tokens, heads, dim), (torch.float16, torch.bfloat16, torch.float32), dev)
+    check_tensor(k, "k", (tokens, num_kv_heads, dim), (q.dtype,), dev)
+    check_tensor(v, "v", (tokens, num_kv_heads, dim), (q.dtype,), dev)
+    check_tensor(k_buffer, "k_buffer", (None, num_kv_heads, dim), (q.dtype,), dev)
+    check_tensor(v_buffer, "v_buffer", tuple(k_buffer.shape), (q.dtype,), dev)
+    check_tensor(req_to_token, "req_to_token", (None, None), INDEX_DTYPES, dev)
+    for name, t in (("req_rows", req_rows), ("prefix_lens", prefix_lens)):
+        check_tensor(t, name, (bsz,), INDEX_DTYPES, dev)
+    for name, t in (("extend_lens", extend_lens), ("extend_start_loc", extend_start_loc)):
+        check_tensor(t, name, (bsz,), INDEX_DTYPES, dev)
+    check_tensor(out, "out", (tokens, heads, dim), (q.dtype,), dev)
+    assert heads % num_kv_heads == 0, f"{heads} q heads do not group over {num_kv_heads} kv heads"
+    fp32 = q.dtype == torch.float32
+    # NOTE: float32 tiles are smaller: the fp32 (FMA) dot spills at 32x32 and up on sm_90 (ptxas)
+    block_m, block_n = block_m or (32 if fp32 else 64), block_n or (16 if fp32 else 64)
+    assert block_m >= 16 and block_n >= 16, (block_m, block_n)
+    if max_extend_len is None:
+        max_extend_len = int(extend_lens.max()) if bsz else 0
+    if bsz == 0 or tokens == 0 or max_extend_len == 0:
+        return out
+
+    grid = (bsz, heads, triton.cdiv(max_extend_len, block_m))
+    _extend_kernel[grid](
+        q, k, v, k_buffer, v_buffer, req_to_token, req_rows, prefix_lens, extend_lens,
+        extend_start_loc, out, scale * LOG2E,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        req_to_token.stride(0), out.stride(0), out.stride(1),
+        G=heads // num_kv_heads, D=dim, BLOCK_D=triton.next_power_of_2(dim), BLOCK_M=block_m,
+        BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
+        num_warps=num_warps or (8 if block_m * dim >= 128 * 128 else 4), num_stages=2,
+    )  # fmt: skip
+    return out

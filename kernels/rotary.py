@@ -1,0 +1,114 @@
+"""Rotary position embedding applied in place to q and k, from a [cos | sin] cache (any scaling)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._check import INDEX_DTYPES, check_tensor
+
+
+def cos_sin_cache(inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:
+    """float32 [max_positions, 2 * len(inv_freq)]: cos(p * f) then sin(p * f) for each position p.
+
+    inv_freq [R/2] carries the scaling (linear, Llama 3.1) already, e.g. from
+    runtime.models.layers.rope_inv_freq; R is the rotary dim (the head dim for Llama).
+    """
+    pos = torch.arange(max_positions, dtype=torch.float32, device=inv_freq.device)
+    freqs = pos[:, None] * inv_freq.float()[None, :]  # [P, R/2]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
+@triton.jit
+def _rotate_heads(  # type: ignore[no-untyped-def]
+    base,  # pointer to head 0, dim 0 of one token
+    stride_h,
+    cos,  # [BLOCK_HALF] float32
+    sin,
+    num_heads,
+    HALF: tl.constexpr,
+    BLOCK_HEADS: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+):
+    offs_i = tl.arange(0, BLOCK_HALF)
+    offs_h = tl.arange(0, BLOCK_HEADS)
+    if IS_NEOX:  # pairs (i, i + R/2)
+        o1 = offs_i
+        o2 = offs_i + HALF
+    else:  # pairs (2i, 2i + 1)
+        o1 = 2 * offs_i
+        o2 = 2 * offs_i + 1
+    mask = (offs_h < num_heads)[:, None] & (offs_i < HALF)[None, :]
+    p1 = base + offs_h[:, None] * stride_h + o1[None, :]  # [BLOCK_HEADS, BLOCK_HALF]
+    p2 = base + offs_h[:, None] * stride_h + o2[None, :]
+    x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(p2, mask=mask, other=0.0).to(tl.float32)
+    y1 = x1 * cos[None, :] - x2 * sin[None, :]
+    y2 = x2 * cos[None, :] + x1 * sin[None, :]
+    tl.store(p1, y1.to(base.dtype.element_ty), mask=mask)
+    tl.store(p2, y2.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(  # type: ignore[no-untyped-def]
+    Positions,  # [T]
+    Q,  # [T, H, D]
+    K,  # [T, Hkv, D]
+    Cache,  # [P, R] float32
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_c,
+    H,
+    HKV,
+    HALF: tl.constexpr,  # R / 2
+    BLOCK_H: tl.constexpr,
+    BLOCK_HKV: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(Positions + t).to(tl.int64)
+    offs_i = tl.arange(0, BLOCK_HALF)
+    i_mask = offs_i < HALF
+    cos = tl.load(Cache + pos * stride_c + offs_i, mask=i_mask, other=0.0).to(tl.float32)
+    sin = tl.load(Cache + pos * stride_c + HALF + offs_i, mask=i_mask, other=0.0).to(tl.float32)
+    _rotate_heads(Q + t * stride_qt, stride_qh, cos, sin, H, HALF, BLOCK_H, BLOCK_HALF, IS_NEOX)
+    _rotate_heads(K + t * stride_kt, stride_kh, cos, sin, HKV, HALF, BLOCK_HKV, BLOCK_HALF, IS_NEOX)
+
+
+def rotary_embedding(
+    positions: torch.Tensor,  # [T] int
+    q: torch.Tensor,  # [T, H, D], rotated in place (row and head strides free)
+    k: torch.Tensor,  # [T, Hkv, D], rotated in place
+    cos_sin_cache: torch.Tensor,  # [P, R] float32, R <= D even: see cos_sin_cache()
+    is_neox: bool = True,
+) -> None:
+    """In place: rotate the first R dims of every q and k head by its token's position.
+
+    is_neox=True rotates halves (x[i], x[i + R/2]) as Llama/HF `rotate_half` does; False rotates
+    interleaved pairs (x[2i], x[2i+1]) as GPT-J does. Dims past R are untouched.
+    """
+    tokens, heads, dim = q.shape
+    num_kv_heads = k.shape[1]
+    dev = q.device
+    floats = (torch.float16, torch.bfloat16, torch.float32)
+    check_tensor(positions, "positions", (tokens,), INDEX_DTYPES, dev)
+    check_tensor(q, "q", (tokens, heads, dim), floats, dev)
+    check_tensor(k, "k", (tokens, num_kv_heads, dim), (q.dtype,), dev)
+    check_tensor(cos_sin_cache, "cos_sin_cache", (None, None), (torch.float32,), dev)
+    rot = cos_sin_cache.shape[1]
+    assert rot % 2 == 0 and rot <= dim, f"rotary dim {rot} must be even and <= head dim {dim}"
+    if tokens == 0:
+        return
+    _rotary_kernel[(tokens,)](
+        positions, q, k, cos_sin_cache,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
+        heads, num_kv_heads,
+        HALF=rot // 2, BLOCK_H=triton.next_power_of_2(heads),
+        BLOCK_HKV=triton.next_power_of_2(num_kv_heads), BLOCK_HALF=triton.next_power_of_2(rot // 2),
+        IS_NEOX=is_neox, num_warps=4,
+    )  # fmt: skip

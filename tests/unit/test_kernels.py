@@ -1,0 +1,388 @@
+"""weft.kernels on CPU under TRITON_INTERPRET=1, small shapes, against the float32 references."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+triton = pytest.importorskip(
+    "triton",
+    reason="triton is not importable: the Triton kernels cannot be tested (pip install triton)",
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = ("activation", "bitmask", "decode", "extend", "kv_store", "norm", "reference", "rotary")
+NAN = float("nan")
+
+
+def _interpreting() -> bool:
+    """Whether this process's triton was imported with TRITON_INTERPRET=1.
+
+    Triton picks interpreter or compiler when @triton.jit runs, and triton.language's own helpers
+    (tl.sum, tl.cdiv, ...) are decorated at triton's first import. Setting the variable later, in a
+    test module, is too late whenever anything imported triton first (tests/gpu, the runtime), and
+    setting it for a whole session would turn the CUDA tests' kernels into interpreted ones. So a
+    process that interprets runs the checks itself (`TRITON_INTERPRET=1 pytest <this file>`), and any
+    other runs this file once in a child process that does, and reports each test's outcome.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(triton.language.standard.cdiv, InterpretedFunction)
+
+
+def _patch_old_interpreter() -> None:
+    """triton < 3.7's interpreter turns a loaded scalar (a 1-element array) into a loop bound with
+    int(), which numpy >= 2.4 refuses; 3.7 squeezes first. Do the same here."""
+    from triton.runtime import interpreter
+
+    if tuple(int(p) for p in triton.__version__.split(".")[:2]) >= (3, 7):
+        return
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor: object, scope: Any) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    interpreter._patch_lang_tensor = patched
+
+
+def _load_kernels() -> ModuleType:
+    """kernels/ imported by path as its own package: no `import weft` (and its runtime) needed."""
+    name = "_weft_kernels_interpreted"
+    spec = importlib.util.spec_from_file_location(
+        name, ROOT / "kernels" / "__init__.py", submodule_search_locations=[str(ROOT / "kernels")]
+    )
+    assert spec is not None and spec.loader is not None
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules[name] = pkg
+    spec.loader.exec_module(pkg)
+    for mod in MODULES:
+        importlib.import_module(f"{name}.{mod}")
+    return pkg
+
+
+@functools.cache
+def _child_results() -> dict[str, tuple[str, str]]:
+    """Run this file under TRITON_INTERPRET=1 in a child pytest: test name -> (outcome, detail)."""
+    drop = ("PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS")  # the child runs every test of this file
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["TRITON_INTERPRET"] = "1"
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.xml"
+        cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"]
+        proc = subprocess.run(
+            [*cmd, f"--junit-xml={report}"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        if not report.exists():
+            raise RuntimeError(
+                f"child pytest wrote no report (exit {proc.returncode}):\n"
+                f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            )
+        results = {}
+        for case in ET.parse(report).iter("testcase"):
+            outcome, detail = "passed", ""
+            for kind in ("failure", "error", "skipped"):
+                node = case.find(kind)
+                if node is not None:
+                    outcome, detail = kind, (node.text or node.get("message") or "").strip()
+            results[case.get("name", "")] = (outcome, detail)
+        return results
+
+
+def interpreted(test: Callable[..., None]) -> Callable[..., None]:
+    """Run the test here if this process interprets Triton, else report its outcome in the child."""
+    if INTERPRETING:
+        return test
+
+    @functools.wraps(test)
+    def from_child(*args: object, **kwargs: object) -> None:
+        assert os.environ.get("TRITON_INTERPRET") != "1", (
+            "triton was imported before TRITON_INTERPRET"
+        )
+        name = os.environ["PYTEST_CURRENT_TEST"].split("::", 1)[1].rsplit(" ", 1)[0]
+        outcome, detail = _child_results().get(name, ("missing", "not reported by the child"))
+        if outcome == "skipped":
+            pytest.skip(detail)
+        if outcome != "passed":
+            pytest.fail(
+                f"{outcome} under TRITON_INTERPRET=1 (child process):\n{detail}", pytrace=False
+            )
+
+    return from_child
+
+
+INTERPRETING = _interpreting()
+if INTERPRETING:
+    _patch_old_interpreter()
+    wk: Any = _load_kernels()
+    ref: Any = sys.modules[f"{wk.__name__}.reference"]
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(1234)
+
+
+def assert_close(out: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
+    """Every element written and finite; relative L2 error under tol."""
+    assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} outputs unwritten (NaN)"
+    err = ((out.float() - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+    assert err < tol, f"relative error {err:.3g} >= {tol}"
+
+
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+@dataclass
+class Pool:
+    k_buffer: torch.Tensor  # [num_slots, Hkv, D]; slots no request owns hold NaN
+    v_buffer: torch.Tensor
+    req_to_token: torch.Tensor  # [max_reqs, max_context]; entries past a request point at NaN
+    req_rows: torch.Tensor  # [B]
+
+
+def make_pool(
+    lens: list[int], filled: list[int], page_size: int, hkv: int, dim: int, dtype: torch.dtype
+) -> Pool:
+    """Requests of lens[b] tokens on shuffled pages (page 0 reserved) at shuffled table rows; only
+    their first filled[b] slots get K/V. Everything else is NaN, so a stray read shows."""
+    pages_per = [-(-n // page_size) for n in lens]
+    num_pages = 1 + sum(pages_per) + 2
+    shape = (num_pages * page_size, hkv, dim)
+    k_buffer = torch.full(shape, NAN, dtype=dtype)
+    v_buffer = torch.full(shape, NAN, dtype=dtype)
+    max_context = max(lens) + 8
+    poison = torch.arange(page_size)  # slots of page 0
+    rows = torch.randperm(len(lens) + 3)[: len(lens)]
+    table = poison[torch.randint(page_size, (len(lens) + 3, max_context))]
+    pages = (torch.randperm(num_pages - 1) + 1).tolist()
+    for b, (n, f) in enumerate(zip(lens, filled, strict=True)):
+        mine = torch.tensor(pages[: pages_per[b]], dtype=torch.int64)
+        pages = pages[pages_per[b] :]
+        slots = (mine[:, None] * page_size + torch.arange(page_size)).reshape(-1)[:n]
+        table[rows[b], :n] = slots
+        k_buffer[slots[:f]] = torch.randn(f, hkv, dim).to(dtype)
+        v_buffer[slots[:f]] = torch.randn(f, hkv, dim).to(dtype)
+    return Pool(k_buffer, v_buffer, table, rows)
+
+
+DECODE_CASES = [
+    # heads, kv heads, head dim, page size, splits, dtype, seq lens, block_n
+    (4, 4, 64, 1, 1, torch.float32, [1, 17, 40], 16),
+    (8, 2, 128, 16, 4, torch.float16, [5, 33, 70], 16),
+    (8, 1, 64, 16, 3, torch.float32, [64, 1, 100, 49], 16),
+    (8, 2, 64, 1, 8, torch.float16, [9, 50], 16),
+    (4, 4, 128, 16, 2, torch.float32, [130, 3], None),  # default block size
+]
+
+
+@pytest.mark.parametrize("heads, hkv, dim, page, splits, dtype, lens, block_n", DECODE_CASES)
+@interpreted
+def test_decode_attention(
+    heads: int,
+    hkv: int,
+    dim: int,
+    page: int,
+    splits: int,
+    dtype: torch.dtype,
+    lens: list[int],
+    block_n: int | None,
+) -> None:
+    pool = make_pool(lens, lens, page, hkv, dim, dtype)
+    bsz = len(lens)
+    q = torch.randn(bsz, heads, dim).to(dtype)
+    seq_lens = torch.tensor(lens)
+    out = torch.full((bsz, heads, dim), NAN, dtype=dtype)
+    args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, seq_lens)
+    wk.decode_attention(q, *args, out, dim**-0.5, splits, block_n=block_n)
+    assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
+
+
+@interpreted
+def test_decode_attention_workspace_padded_rows_int32() -> None:
+    """A larger poisoned workspace is accepted; a row of seq_len 0 (graph padding) gives zeros;
+    int32 index tensors work as int64 ones do."""
+    lens = [0, 21, 0, 6]
+    pool = make_pool([max(n, 1) for n in lens], lens, 16, 2, 64, torch.float32)
+    q = torch.randn(4, 8, 64)
+    table, rows, seq_lens = pool.req_to_token.int(), pool.req_rows.int(), torch.tensor(lens).int()
+    partials = (torch.full((6, 8, 5, 64), NAN), torch.full((6, 8, 5), NAN))
+    out = torch.full((4, 8, 64), NAN)
+    args = (pool.k_buffer, pool.v_buffer, table, rows, seq_lens)
+    wk.decode_attention(q, *args, out, 0.1, 4, partials=partials, block_n=16)
+    assert torch.equal(out[[0, 2]], torch.zeros(2, 8, 64))
+    live = torch.tensor([1, 3])
+    pool_args = (pool.k_buffer, pool.v_buffer, table, rows[live], seq_lens[live])
+    assert_close(out[live], ref.decode_attention_ref(q[live], *pool_args, 0.1), 1e-5)
+
+
+EXTEND_CASES = [
+    # heads, kv heads, head dim, page size, dtype, prefix lens, extend lens, block_m, block_n
+    (4, 4, 64, 1, torch.float32, [0, 0, 0], [1, 20, 37], 16, 16),
+    (8, 2, 128, 16, torch.float16, [16, 0, 45], [30, 1, 17], 16, 16),
+    (8, 1, 64, 16, torch.float32, [100, 3, 0], [1, 1, 2], 16, 16),
+    (8, 2, 64, 1, torch.float32, [7, 33, 5], [40, 3, 0], 32, 16),
+    (4, 1, 128, 16, torch.float16, [70], [70], None, None),  # default block sizes
+]
+
+
+@pytest.mark.parametrize(
+    "heads, hkv, dim, page, dtype, prefix, ext, block_m, block_n", EXTEND_CASES
+)
+@interpreted
+def test_extend_attention(
+    heads: int,
+    hkv: int,
+    dim: int,
+    page: int,
+    dtype: torch.dtype,
+    prefix: list[int],
+    ext: list[int],
+    block_m: int | None,
+    block_n: int | None,
+) -> None:
+    # the new tokens' pool slots stay NaN: their K/V must come from k/v, not the pool
+    lens = [max(p + e, 1) for p, e in zip(prefix, ext, strict=True)]
+    pool = make_pool(lens, prefix, page, hkv, dim, dtype)
+    tokens = sum(ext)
+    q = torch.randn(tokens, heads, dim).to(dtype)
+    k = torch.randn(tokens, hkv, dim).to(dtype)
+    v = torch.randn(tokens, hkv, dim).to(dtype)
+    ext_t = torch.tensor(ext)
+    lens_args = (torch.tensor(prefix), ext_t, torch.cumsum(ext_t, 0) - ext_t)
+    out = torch.full((tokens, heads, dim), NAN, dtype=dtype)
+    args = (q, k, v, pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, *lens_args)
+    wk.extend_attention(*args, out, dim**-0.5, max(ext), block_m=block_m, block_n=block_n)
+    assert_close(out, ref.extend_attention_ref(*args, dim**-0.5), TOL[dtype])
+
+
+@pytest.mark.parametrize(
+    "hkv, dim, src, dst",
+    [(2, 64, torch.float32, torch.float32), (3, 128, torch.float32, torch.float16)],
+)
+@interpreted
+def test_store_kv(hkv: int, dim: int, src: torch.dtype, dst: torch.dtype) -> None:
+    tokens, num_slots = 9, 40
+    qkv = torch.randn(tokens, (4 + 2 * hkv) * dim).to(src)  # k, v as views into a fused output
+    k = qkv[:, 4 * dim : (4 + hkv) * dim].view(tokens, hkv, dim)
+    v = qkv[:, (4 + hkv) * dim :].view(tokens, hkv, dim)
+    k_buffer = torch.full((num_slots, hkv, dim), NAN, dtype=dst)
+    v_buffer = torch.full((num_slots, hkv, dim), NAN, dtype=dst)
+    loc = torch.randperm(num_slots)[:tokens]
+    k_want, v_want = k_buffer.clone(), v_buffer.clone()
+    ref.store_kv_ref(k, v, k_want, v_want, loc)
+    wk.store_kv(k, v, k_buffer, v_buffer, loc)
+    for got, want in ((k_buffer, k_want), (v_buffer, v_want)):
+        assert torch.equal(got.isnan(), want.isnan()), "a slot outside loc was written"
+        assert torch.equal(got[loc], want[loc])
+
+
+NORM_CASES = [(64, torch.float32), (96, torch.float16), (1000, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("hidden, dtype", NORM_CASES)
+@interpreted
+def test_rmsnorm(hidden: int, dtype: torch.dtype) -> None:
+    x = torch.randn(7, hidden + 8).to(dtype)[:, 4 : 4 + hidden]  # a row stride past the width
+    weight = (1 + 0.1 * torch.randn(hidden)).to(dtype)
+    out = torch.full((7, hidden), NAN, dtype=dtype)
+    wk.rmsnorm(x, weight, 1e-6, out=out)
+    assert_close(out, ref.rmsnorm_ref(x, weight, 1e-6), TOL[dtype] * 3)
+
+
+@pytest.mark.parametrize("hidden, dtype", NORM_CASES)
+@interpreted
+def test_fused_add_rmsnorm(hidden: int, dtype: torch.dtype) -> None:
+    x = torch.randn(7, hidden).to(dtype)
+    residual = torch.randn(7, hidden).to(dtype)
+    weight = (1 + 0.1 * torch.randn(hidden)).to(dtype)
+    x_want, res_want = ref.fused_add_rmsnorm_ref(x, residual, weight, 1e-5)
+    wk.fused_add_rmsnorm(x, residual, weight, 1e-5)
+    assert_close(residual, res_want, TOL[dtype])
+    assert_close(x, x_want, TOL[dtype] * 3)
+    # x is the norm of the sum as stored (rounded to the dtype), not of the float32 sum
+    assert_close(x, ref.rmsnorm_ref(residual, weight, 1e-5), TOL[dtype])
+
+
+@pytest.mark.parametrize("inter, dtype", [(64, torch.float32), (1500, torch.bfloat16)])
+@interpreted
+def test_silu_and_mul(inter: int, dtype: torch.dtype) -> None:
+    gate_up = (2 * torch.randn(5, 2 * inter)).to(dtype)
+    out = torch.full((5, inter), NAN, dtype=dtype)
+    wk.silu_and_mul(gate_up, out=out)
+    assert_close(out, ref.silu_and_mul_ref(gate_up), TOL[dtype])
+
+
+ROPE_CASES = [
+    (64, 64, True, torch.float32),
+    (128, 128, False, torch.float16),
+    (64, 32, True, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("dim, rot, neox, dtype", ROPE_CASES)
+@interpreted
+def test_rotary_embedding(dim: int, rot: int, neox: bool, dtype: torch.dtype) -> None:
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, rot, 2).float() / rot))
+    cache = wk.cos_sin_cache(inv_freq, 300)
+    positions = torch.randint(0, 300, (6,))
+    qk = torch.randn(6, 10 * dim).to(dtype)  # q and k as views into one fused projection
+    q, k = qk[:, : 8 * dim].view(6, 8, dim), qk[:, 8 * dim :].view(6, 2, dim)
+    q_want, k_want = ref.rotary_embedding_ref(positions, q, k, cache, is_neox=neox)
+    wk.rotary_embedding(positions, q, k, cache, is_neox=neox)
+    assert_close(q, q_want, TOL[dtype])
+    assert_close(k, k_want, TOL[dtype])
+
+
+@interpreted
+def test_rotary_matches_runtime_llama31() -> None:
+    """The kernel with a cache built from the runtime's Llama 3.1 inv_freq equals its module."""
+    from weft.runtime.models.layers import RotaryEmbedding, rope_inv_freq
+
+    params = {
+        "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192,
+    }  # fmt: skip
+    module = RotaryEmbedding(64, 20000, params)
+    positions = torch.tensor([0, 1, 77, 4096, 9000, 19999])
+    q, k = torch.randn(6, 4, 64), torch.randn(6, 2, 64)
+    q_want, k_want = module(positions, q, k)
+    wk.rotary_embedding(positions, q, k, wk.cos_sin_cache(rope_inv_freq(64, params), 20000))
+    assert_close(q, q_want, 1e-5)
+    assert_close(k, k_want, 1e-5)
+
+
+@pytest.mark.parametrize(
+    "vocab, width, rows, dtype",
+    [
+        (100, 4, None, torch.float32),
+        (77, 2, [3, 0], torch.bfloat16),
+        (3000, 94, [1], torch.float16),
+    ],
+)
+@interpreted
+def test_apply_token_bitmask(
+    vocab: int, width: int, rows: list[int] | None, dtype: torch.dtype
+) -> None:
+    logits = torch.randn(4, vocab).to(dtype)
+    num_masks = 4 if rows is None else len(rows)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (num_masks, width), dtype=torch.int32)
+    row_t = None if rows is None else torch.tensor(rows)
+    want = ref.apply_token_bitmask_ref(logits, bitmask, row_t)
+    wk.apply_token_bitmask(logits, bitmask, row_t)
+    assert torch.equal(logits, want)
