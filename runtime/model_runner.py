@@ -17,7 +17,7 @@ from weft.runtime.loader import iterate_weights
 from weft.runtime.logprobs import LogprobRows, gather_logprobs
 from weft.runtime.memory import RESERVED_PAGES, KVPool, PageAllocator, ReqToTokenPool
 from weft.runtime.models import build_model, init_dummy_weights
-from weft.runtime.models.llama import head_dim_of
+from weft.runtime.models.llama import head_dim_of, sliding_window_of
 from weft.runtime.request import Req
 from weft.runtime.sampler import Sampler, SamplingInputs
 
@@ -78,6 +78,12 @@ class ModelRunner:
             self.req_to_token.table,
             self.page_size,
         )
+        if sliding_window_of(hf_config) is not None and not self.attn.supports_sliding_window:
+            raise ValueError(
+                f"attention backend {type(self.attn).__name__} has no sliding-window attention, "
+                f"which this {hf_config.model_type} model needs; use attention_backend='torch' "
+                "or 'flashinfer'"
+            )
         self.sampler = Sampler(hf_config.vocab_size, self.device, config.seed)
         self.num_forward_tokens = 0  # tokens actually run through the model (prefix reuse tests)
         self.num_forward_passes = 0

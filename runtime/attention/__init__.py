@@ -27,8 +27,18 @@ def _flashinfer_backend(
     return FlashInferAttentionBackend(pool, req_to_token, page_size)
 
 
-_REGISTRY: dict[str, BackendFactory] = {"torch": _torch_backend, "flashinfer": _flashinfer_backend}
-_CUDA_ONLY = {"flashinfer"}
+def _triton_backend(pool: KVPool, req_to_token: torch.Tensor, page_size: int) -> AttentionBackend:
+    from weft.runtime.attention.triton_backend import TritonAttentionBackend
+
+    return TritonAttentionBackend(pool, req_to_token)
+
+
+_REGISTRY: dict[str, BackendFactory] = {
+    "torch": _torch_backend,
+    "triton": _triton_backend,
+    "flashinfer": _flashinfer_backend,
+}
+_CUDA_ONLY = {"flashinfer", "triton"}
 
 
 def available_backends() -> list[str]:
@@ -36,11 +46,11 @@ def available_backends() -> list[str]:
 
 
 def resolve_backend_name(name: str, device: str) -> str:
-    """`auto`: FlashInfer on CUDA when it is installed, else the torch reference."""
+    """`auto`: FlashInfer on CUDA when it is installed, else Triton on CUDA, else torch."""
     if name == "auto":
-        if device == "cuda" and importlib.util.find_spec("flashinfer") is not None:
-            return "flashinfer"
-        return "torch"
+        if device != "cuda":
+            return "torch"
+        return "flashinfer" if importlib.util.find_spec("flashinfer") is not None else "triton"
     if name not in _REGISTRY:
         raise ValueError(
             f"unknown attention backend {name!r}; available: {', '.join(available_backends())}"

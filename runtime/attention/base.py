@@ -17,6 +17,8 @@ class AttentionBackend(ABC):
     request's queries (its new tokens) over its whole KV (cached prefix + new tokens), causally.
     """
 
+    supports_sliding_window = True  # per-layer windows (Mistral); checked when the engine starts
+
     def __init__(self, pool: KVPool, req_to_token: torch.Tensor) -> None:
         self.pool = pool
         self.req_to_token = req_to_token  # [max_reqs, max_context] int64

@@ -65,7 +65,7 @@ def test_fp32_cuda_greedy_equals_hf(random_llama: Path) -> None:
         assert out["output_ids"] == ref[0, ids.shape[1] :].tolist(), prompt
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("backend", ["auto", "triton", "torch"])
 def test_bf16_llama8b_dummy_engine(tmp_path: Path, backend: str) -> None:
     """Loads the 8B shape with random weights straight onto the GPU and serves a batch."""
     import shutil

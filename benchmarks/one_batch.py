@@ -1,0 +1,161 @@
+"""One batch, no server: prefill and decode step times of the ModelRunner next to their roofline.
+
+    python benchmarks/one_batch.py [--config benchmarks/configs/llama-3.1-8b] [--backends ...]
+
+Random (dummy) bf16 weights of a real config, initialised on the GPU. For each attention backend:
+prefill time for 1x1024 and 32x1024 tokens; decode step time at batch 1, 8, 32, 64, 128, 256 with
+2048-token contexts. Each decode step is shown next to its roofline — (weight bytes + KV bytes read)
+/ the device-to-device copy bandwidth measured in the same run — and as a fraction of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from weft.runtime.batch import Batch, ForwardMode
+from weft.runtime.config import EngineConfig
+from weft.runtime.loader import read_hf_config
+from weft.runtime.model_runner import ModelRunner
+from weft.runtime.request import Req
+from weft.runtime.sampling_params import SamplingParams
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
+    """Device-to-device copy: bytes read + written per second (the memory ceiling)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * nbytes / statistics.median(times)
+
+
+def make_reqs(runner: ModelRunner, n: int, prompt_len: int, vocab: int) -> list[Req]:
+    """n requests whose table rows point at private slots (KV content is irrelevant to timing)."""
+    reqs = []
+    p = runner.page_size
+    span = -(-(prompt_len + 8) // p) * p  # whole pages: position i sits at offset i % page_size
+    gen = torch.Generator().manual_seed(0)
+    for i in range(n):
+        ids = torch.randint(0, vocab, (prompt_len,), generator=gen).tolist()
+        req = Req(rid=str(i), input_ids=ids, params=SamplingParams(temperature=0), max_new_tokens=8)
+        req.row = i
+        base = runner.page_size + i * span  # skip the reserved page
+        runner.req_to_token.table[i, :span] = torch.arange(base, base + span)
+        reqs.append(req)
+    return reqs
+
+
+def timed(runner: ModelRunner, batch: Batch, reps: int) -> float:
+    for _ in range(2):
+        runner.forward(batch)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        runner.forward(batch)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> list[dict[str, Any]]:
+    folder = Path(args.config)
+    hf = read_hf_config(folder)
+    ctx = args.context + 16
+    max_batch = max(args.batches)
+    config = EngineConfig(
+        model=str(folder),
+        load_format="dummy",
+        attention_backend=backend,
+        max_total_tokens=(max(max_batch, 32) + 2) * (max(ctx, 1024) + 32),
+        max_running_requests=max(max_batch, 32),
+        context_length=max(ctx, 1040),
+    )
+    runner = ModelRunner(config, folder, hf, config.context_length or ctx)
+    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    kv_per_token = runner.pool.bytes_per_slot(
+        hf.num_hidden_layers, runner.pool.num_kv_heads, runner.pool.head_dim, runner.dtype
+    )
+    rows: list[dict[str, Any]] = []
+    for n in (1, 32):
+        reqs = make_reqs(runner, n, 1024, hf.vocab_size)
+        t = timed(runner, Batch(ForwardMode.EXTEND, reqs, [1024] * n), args.reps)
+        flops = 2 * (weight_bytes / 2) * 1024 * n  # 2 FLOP per bf16 parameter per token
+        rows.append(
+            {
+                "backend": backend,
+                "phase": f"prefill {n}x1024",
+                "ms": t * 1e3,
+                "TFLOP/s": flops / t / 1e12,
+            }
+        )
+    for b in args.batches:
+        reqs = make_reqs(runner, b, args.context, hf.vocab_size)
+        for r in reqs:
+            r.output_ids = [1]
+            r.kv_len = args.context
+        t = timed(runner, Batch(ForwardMode.DECODE, reqs, [1] * b), args.reps)
+        roof = (weight_bytes + b * (args.context + 1) * kv_per_token) / bandwidth
+        rows.append(
+            {
+                "backend": backend,
+                "phase": f"decode B={b} ctx={args.context}",
+                "ms": t * 1e3,
+                "roofline_ms": roof * 1e3,
+                "x_roofline": t / roof,
+            }
+        )
+    del runner
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--config", default=str(REPO / "benchmarks/configs/llama-3.1-8b"))
+    ap.add_argument("--backends", nargs="+", default=["flashinfer", "triton", "torch"])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--output-file", default=None)
+    args = ap.parse_args()
+    bandwidth = copy_bandwidth()
+    print(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s (read + write)")
+    rows: list[dict[str, Any]] = []
+    for backend in args.backends:
+        try:
+            rows += run_backend(args, backend, bandwidth)
+        except Exception as e:  # report and go on with the other backends
+            rows.append({"backend": backend, "error": f"{type(e).__name__}: {e}"})
+        for row in rows[-8:]:
+            print(
+                json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
+            )
+    if args.output_file:
+        Path(args.output_file).write_text(
+            json.dumps({"copy_TBps": bandwidth / 1e12, "rows": rows}, indent=2)
+        )
+
+
+if __name__ == "__main__":
+    main()
