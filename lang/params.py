@@ -178,12 +178,32 @@ def is_pydantic_model(value: Any) -> bool:
     return isinstance(value, type) and hasattr(value, "model_json_schema")
 
 
+def _closed(schema: dict[str, Any], model: Any) -> dict[str, Any]:
+    """Objects of a pydantic model take no extra properties unless the model allows them
+    (pydantic ignores extras on parsing, so generating them would only waste tokens)."""
+    if getattr(model, "model_config", {}).get("extra") == "allow":
+        return schema
+
+    def close(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node:
+                node.setdefault("additionalProperties", False)
+            for value in node.values():
+                close(value)
+        elif isinstance(node, list):
+            for value in node:
+                close(value)
+
+    close(schema)
+    return schema
+
+
 def as_json_schema(schema: Any) -> tuple[str | None, Any]:
     """(JSON text of the schema, the pydantic class it came from or None)."""
     if schema is None:
         return None, None
     if is_pydantic_model(schema):
-        return json.dumps(schema.model_json_schema()), schema
+        return json.dumps(_closed(schema.model_json_schema(), schema)), schema
     if isinstance(schema, dict):
         return json.dumps(schema), None
     if isinstance(schema, str):
