@@ -29,11 +29,11 @@ from weft.runtime.http.openai_protocol import (
     usage_of,
 )
 from weft.runtime.http.tool_calls import (
-    ToolCall,
     ToolCallParser,
     ToolPlan,
     finish_reason,
     split_output,
+    stream_deltas,
 )
 from weft.runtime.tokenizer_manager import ReqState, RuntimeDown, TokenizerManager
 
@@ -258,12 +258,9 @@ async def chat_completions(request: Request) -> Response:
     for k, out in enumerate(outs):
         meta = metas[k] = out["meta_info"]
         reason, matched = finish_of(meta)
-        content: str | None = out["text"]
-        calls: list[ToolCall] = []
         parser = plan.parser()
-        if parser is not None:
-            content, calls = split_output(parser, out["text"])
-            reason = finish_reason(reason, bool(calls))
+        content, calls = split_output(parser, out["text"]) if parser else (out["text"], [])
+        reason = finish_reason(reason, bool(calls))
         message = {
             "role": "assistant",
             "content": content,
@@ -320,11 +317,9 @@ async def _chat_chunks(
                 if delta["text"] or (logprobs and logprobs["content"]):
                     yield chunk(k, {"content": delta["text"]}, logprobs)
             else:
-                # NOTE: text that may still be a tool call is held back; the held tokens'
-                # logprobs ride on the next chunk (an empty delta when nothing is released).
-                before = parser.num_calls
-                pieces = parser.feed(delta["text"]) + (parser.finish() if reason else [])
-                deltas = _tool_deltas(pieces, before)
+                # NOTE: text that may still be a tool call is held back; its tokens' logprobs
+                # are sent now all the same (on an empty delta when nothing is released).
+                deltas = stream_deltas(parser, delta["text"], final=reason is not None)
                 if not deltas and logprobs and logprobs["content"]:
                     deltas = [{}]
                 for i, piece in enumerate(deltas):
@@ -334,19 +329,6 @@ async def _chat_chunks(
                 yield chunk(k, {}, reason=reason, matched=matched)
     if req.stream_options is not None and req.stream_options.include_usage:
         yield _with_usage({**head, "choices": []}, state, req, metas, continuous=False)
-
-
-def _tool_deltas(pieces: list[str | ToolCall], calls_before: int) -> list[dict[str, Any]]:
-    """The deltas of released pieces: content text, or a whole call with its index among the
-    choice's calls (calls_before were sent earlier)."""
-    deltas: list[dict[str, Any]] = []
-    for piece in pieces:
-        if isinstance(piece, str):
-            deltas.append({"content": piece})
-        else:
-            deltas.append({"tool_calls": [piece.openai(index=calls_before)]})
-            calls_before += 1
-    return deltas
 
 
 ##### Shared #####

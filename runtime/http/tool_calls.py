@@ -105,6 +105,20 @@ def split_output(parser: ToolCallParser, text: str) -> tuple[str | None, list[To
     return (None if calls and not content else content), calls
 
 
+def stream_deltas(parser: ToolCallParser, text: str, final: bool) -> list[dict[str, Any]]:
+    """The chat-stream deltas for the next piece of output text (`final` on its last): content
+    text, and each call whole in one delta, indexed among the choice's calls."""
+    index = parser.num_calls
+    deltas: list[dict[str, Any]] = []
+    for piece in parser.feed(text) + (parser.finish() if final else []):
+        if isinstance(piece, str):
+            deltas.append({"content": piece})
+        else:
+            deltas.append({"tool_calls": [piece.openai(index=index)]})
+            index += 1
+    return deltas
+
+
 class ToolCallParser:
     """Separates tool calls from content, incrementally: `feed` returns the pieces (content text
     or complete calls, in order) that can be released now and holds back text that may still be
@@ -156,9 +170,11 @@ class ToolCallParser:
         if self.mode == "auto":
             self._scan_auto(final, out)
             return
+        if not final:  # NOTE: the constraint ends the output where the JSON ends: no wait
+            return
         start = _skip_ws(self._buf, 0)
         end = self._json_end(start)
-        if end is None:  # not complete yet (at the end: cut off, so content)
+        if end is None:  # cut off: content (finish releases it)
             return
         calls = self._constrained_calls(self._buf[start:end])
         if calls is None or self._buf[end:].strip():

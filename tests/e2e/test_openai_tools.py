@@ -1,0 +1,169 @@
+"""Tool calls through the openai client on a real `weft serve`: required, named, auto, none."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+MODEL = "smollm2"
+CITY: dict[str, Any] = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather in a city", "parameters": CITY},
+    },
+    {
+        "type": "function",
+        "function": {"name": "get_time", "description": "Local time in a city", "parameters": CITY},
+    },
+]
+NAMES = {t["function"]["name"] for t in TOOLS}
+MESSAGES: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+NAMED: Any = {"type": "function", "function": {"name": "get_time"}}
+# the prompt is the same for every request (the radix cache keeps it): only decoding costs
+COMMON: Any = {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def create(client: openai.OpenAI) -> Callable[..., Any]:
+    """create(key, **kw): a non-stream response, made once per key for the module (the stream
+    tests compare with the same responses the other tests checked)."""
+    cache: dict[str, Any] = {}
+
+    def get(key: str, **kw: Any) -> Any:
+        if key not in cache:
+            cache[key] = client.chat.completions.create(**COMMON, **kw)
+        return cache[key]
+
+    return get
+
+
+def calls_of(message: Any) -> list[tuple[str, str]]:
+    return [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+
+
+def check_calls(choice: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The calls of a finished tool-call choice, checked against OpenAI's shape and the tools."""
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    assert choice.message.tool_calls
+    out = []
+    for call in choice.message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in NAMES
+        args = json.loads(call.function.arguments)
+        jsonschema.validate(args, CITY)
+        out.append((call.function.name, args))
+    assert len({c.id for c in choice.message.tool_calls}) == len(out)
+    return out
+
+
+def stream(client: openai.OpenAI, **kw: Any) -> tuple[str, list[tuple[str, str]], str | None]:
+    """(content, [(name, arguments)], finish_reason) assembled from a chat stream's deltas."""
+    content, reason = "", None
+    calls: dict[int, dict[str, str]] = {}
+    for chunk in client.chat.completions.create(**COMMON, **kw, stream=True):
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for tc in choice.delta.tool_calls or []:
+            call = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+            if tc.id:
+                assert not call["id"] and tc.id.startswith("call_") and tc.type == "function"
+                call["id"] = tc.id
+            assert tc.function is not None
+            call["name"] += tc.function.name or ""
+            call["arguments"] += tc.function.arguments or ""
+        if choice.finish_reason is not None:
+            assert reason is None
+            reason = choice.finish_reason
+    assert sorted(calls) == list(range(len(calls)))
+    assert all(c["id"] for c in calls.values())
+    return content, [(c["name"], c["arguments"]) for _, c in sorted(calls.items())], reason
+
+
+def test_required(create: Callable[..., Any]) -> None:
+    out = create("required", tool_choice="required", max_tokens=64)
+    assert check_calls(out.choices[0])
+
+
+def test_required_one_call_when_not_parallel(create: Callable[..., Any]) -> None:
+    out = create("single", tool_choice="required", parallel_tool_calls=False, max_tokens=64)
+    assert len(check_calls(out.choices[0])) == 1
+
+
+def test_named(create: Callable[..., Any]) -> None:
+    out = create("named", tool_choice=NAMED, max_tokens=32)
+    [(name, _)] = check_calls(out.choices[0])
+    assert name == "get_time"
+
+
+@pytest.mark.parametrize(
+    ("key", "kw"),
+    [
+        ("required", {"tool_choice": "required", "max_tokens": 64}),
+        ("named", {"tool_choice": NAMED, "max_tokens": 32}),
+    ],
+)
+def test_stream_matches_non_stream(
+    client: openai.OpenAI, create: Callable[..., Any], key: str, kw: dict[str, Any]
+) -> None:
+    content, calls, reason = stream(client, **kw)
+    whole = create(key, **kw).choices[0]
+    assert (content, calls, reason) == ("", calls_of(whole.message), whole.finish_reason)
+
+
+def test_auto_is_well_formed(client: openai.OpenAI, create: Callable[..., Any]) -> None:
+    """The small model may answer or call: either way the message has the right shape, and the
+    stream (which holds back text that may be a call) assembles to the same message."""
+    kw = {"tool_choice": "auto", "max_tokens": 8}
+    choice = create("auto", **kw).choices[0]
+    if choice.message.tool_calls:
+        check_calls(choice)
+    else:
+        assert isinstance(choice.message.content, str) and choice.message.content
+        assert choice.finish_reason in ("stop", "length")
+    content, calls, reason = stream(client, **kw)
+    assert (content or None, calls, reason) == (
+        choice.message.content,
+        calls_of(choice.message),
+        choice.finish_reason,
+    )
+
+
+def test_none_is_plain_content(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(**COMMON, tool_choice="none", max_tokens=4)
+    choice = out.choices[0]
+    assert choice.message.tool_calls is None
+    assert isinstance(choice.message.content, str) and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "'nope', not in"),
+        (
+            {"tool_choice": "required", "response_format": {"type": "json_object"}},
+            "cannot be combined",
+        ),
+    ],
+)
+def test_bad_tool_requests(client: openai.OpenAI, kw: dict[str, Any], needle: str) -> None:
+    with pytest.raises(openai.BadRequestError, match=needle) as info:
+        client.chat.completions.create(**COMMON, max_tokens=4, **kw)
+    assert info.value.body["param"] == "tool_choice"  # type: ignore[index]
