@@ -81,10 +81,13 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
     hf = read_hf_config(folder)
     ctx = args.context + 16
     max_batch = max(args.batches)
+    name, graph = backend.removesuffix("+graph"), backend.endswith("+graph")
     config = EngineConfig(
         model=str(folder),
         load_format="dummy",
-        attention_backend=backend,
+        attention_backend=name,
+        disable_cuda_graph=not graph,
+        cuda_graph_max_bs=max_batch,
         max_total_tokens=(max(max_batch, 32) + 2) * (max(ctx, 1024) + 32),
         max_running_requests=max(max_batch, 32),
         context_length=max(ctx, 1040),
@@ -133,7 +136,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--config", default=str(REPO / "benchmarks/configs/llama-3.1-8b"))
-    ap.add_argument("--backends", nargs="+", default=["flashinfer", "triton", "torch"])
+    ap.add_argument(
+        "--backends",
+        nargs="+",
+        default=["triton+graph", "triton", "flashinfer", "torch"],
+        help="attention backends; '+graph' replays decode in CUDA graphs",
+    )
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=10)

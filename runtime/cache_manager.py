@@ -34,14 +34,14 @@ class KVCacheManager:
 
     def match_len(self, req: Req) -> int:
         """Cached prefix length the request would get (no side effects beyond LRU touch)."""
-        return len(self.tree.match_prefix(req.fill_ids[: self._match_cap(req)]).indices)
+        return len(self.tree.match_prefix(req.tokens(0, self._match_cap(req))).indices)
 
     def admit(self, req: Req) -> bool:
         """Give the request a table row and its cached prefix (locked). False if no row is free."""
         row = self.table.alloc()
         if row is None:
             return False
-        match = self.tree.match_prefix(req.fill_ids[: self._match_cap(req)])
+        match = self.tree.match_prefix(req.tokens(0, self._match_cap(req)))
         n = len(match.indices)
         self.table.table[row, :n] = match.indices.to(self.table.table.device)
         self.tree.inc_lock_ref(match.last_node)
@@ -81,7 +81,7 @@ class KVCacheManager:
         row = self.table.table[req.row]
         kv_len = req.kv_len
         aligned = kv_len - kv_len % self.page_size
-        key = req.fill_ids[:kv_len]
+        key = req.tokens(0, kv_len)
         values = row[:kv_len].clone()
         if isinstance(self.tree, NoCache):
             if release:

@@ -43,6 +43,8 @@ class EngineConfig:
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
     disable_radix_cache: bool = False
     attention_backend: str = "auto"
+    disable_cuda_graph: bool = False  # CUDA: run decode eagerly instead of replaying graphs
+    cuda_graph_max_bs: int = 256  # largest decode batch captured (bigger batches run eagerly)
     grammar_backend: Literal["llguidance", "outlines"] = "llguidance"
     grammar_timeout: float = 10.0  # seconds a grammar may take to compile before a 400
     strict_schemas: bool = False  # refuse JSON-schema keywords the backend cannot enforce
@@ -99,6 +101,8 @@ class EngineConfig:
             )
         if not self.grammar_timeout > 0:
             raise ValueError(f"grammar_timeout must be > 0 seconds, got {self.grammar_timeout}")
+        if self.cuda_graph_max_bs < 1:
+            raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):

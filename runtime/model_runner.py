@@ -13,6 +13,7 @@ from weft.constrain import allocate_bitmask, apply_bitmask
 from weft.runtime.attention import create_attention_backend
 from weft.runtime.batch import Batch, ForwardBatch, ForwardMode
 from weft.runtime.config import EngineConfig
+from weft.runtime.cuda_graph import GraphRunner
 from weft.runtime.loader import iterate_weights
 from weft.runtime.logprobs import LogprobRows, gather_logprobs
 from weft.runtime.memory import RESERVED_PAGES, KVPool, PageAllocator, ReqToTokenPool
@@ -85,6 +86,25 @@ class ModelRunner:
                 "or 'flashinfer'"
             )
         self.sampler = Sampler(hf_config.vocab_size, self.device, config.seed)
+        self.graphs: GraphRunner | None = None
+        if self.device.type == "cuda" and not config.disable_cuda_graph:
+            if not self.attn.supports_cuda_graph:
+                raise ValueError(
+                    f"attention backend {type(self.attn).__name__} cannot run in CUDA graphs; "
+                    "choose attention_backend='triton' or pass disable_cuda_graph=True"
+                )
+            t1 = time.perf_counter()
+            self.graphs = GraphRunner(
+                self.model,
+                self.attn,
+                min(config.cuda_graph_max_bs, config.max_running_requests),
+                hf_config.hidden_size,
+                self.dtype,
+                self.device,
+                pad_row=0,
+            )
+            self.graphs.capture()
+            logger.info("CUDA graphs captured in %.1f s", time.perf_counter() - t1)
         self.num_forward_tokens = 0  # tokens actually run through the model (prefix reuse tests)
         self.num_forward_passes = 0
         self.bitmask: torch.Tensor | None = None  # grammar masks, allocated on first use
@@ -111,8 +131,11 @@ class ModelRunner:
     @torch.no_grad()
     def forward(self, batch: Batch) -> list[ReqStepResult]:
         fb = self._forward_batch(batch)
-        self.attn.prepare(fb)
-        hidden = self.model(fb, self.attn)  # [T, hidden]; on CUDA this only queues the kernels
+        if self.graphs is not None and self.graphs.can_run(fb):
+            hidden = self.graphs.replay(fb)
+        else:
+            self.attn.prepare(fb)
+            hidden = self.model(fb, self.attn)  # [T, hidden]; on CUDA this only queues kernels
         self.num_forward_tokens += fb.input_ids.numel()
         self.num_forward_passes += 1
         masked = self._fill_grammar_masks(batch)  # CPU work overlapping the GPU's
@@ -140,7 +163,7 @@ class ModelRunner:
         seq_lens: list[int] = []
         for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
             start = req.kv_len
-            ids += req.fill_ids[start : start + n]
+            ids += req.tokens(start, start + n)
             positions += range(start, start + n)
             seq_lens.append(start + n)
         dev = self.device
@@ -235,7 +258,7 @@ class ModelRunner:
             req = batch.reqs[r.req_index]
             res = results[r.req_index]
             if r.first_is_none:
-                res.input_logprobs.append((None, req.fill_ids[0]))
+                res.input_logprobs.append((None, req.input_ids[0]))
                 if req.top_logprobs_num:
                     res.input_top.append([])
                 if req.token_ids_logprob:

@@ -46,11 +46,9 @@ def available_backends() -> list[str]:
 
 
 def resolve_backend_name(name: str, device: str) -> str:
-    """`auto`: FlashInfer on CUDA when it is installed, else Triton on CUDA, else torch."""
+    """`auto`: weft's Triton kernels on CUDA (they run inside CUDA graphs), torch elsewhere."""
     if name == "auto":
-        if device != "cuda":
-            return "torch"
-        return "flashinfer" if importlib.util.find_spec("flashinfer") is not None else "triton"
+        return "triton" if device == "cuda" else "torch"
     if name not in _REGISTRY:
         raise ValueError(
             f"unknown attention backend {name!r}; available: {', '.join(available_backends())}"

@@ -18,6 +18,7 @@ class AttentionBackend(ABC):
     """
 
     supports_sliding_window = True  # per-layer windows (Mistral); checked when the engine starts
+    supports_cuda_graph = False  # decode can be captured: implements prepare_graph
 
     def __init__(self, pool: KVPool, req_to_token: torch.Tensor) -> None:
         self.pool = pool
@@ -39,3 +40,8 @@ class AttentionBackend(ABC):
         sliding_window: int | None = None,
     ) -> torch.Tensor:  # [T, H, D]
         """Store k/v for the new tokens and return attention output for q."""
+
+    def prepare_graph(self, batch: ForwardBatch) -> None:
+        """Metadata for capturing a decode step of `batch.batch_size` requests in a CUDA graph:
+        it may depend only on the batch size (the inputs are static buffers filled at replay)."""
+        raise TypeError(f"{type(self).__name__} cannot run inside CUDA graphs")

@@ -16,11 +16,20 @@ class TritonAttentionBackend(AttentionBackend):
     the extend kernel (cached prefix from the pool, causal over the new tokens)."""
 
     supports_sliding_window = False
+    supports_cuda_graph = True
 
     def __init__(self, pool: KVPool, req_to_token: torch.Tensor) -> None:
         super().__init__(pool, req_to_token)
         props = torch.cuda.get_device_properties(req_to_token.device)
         self.num_sms = props.multi_processor_count
+
+    def prepare_graph(self, batch: ForwardBatch) -> None:
+        # the longest possible context fixes the split count, so one graph serves every length
+        # (splits past a request's length are skipped by the kernel)
+        self.decode = True
+        self.num_kv_splits = decode_num_kv_splits(
+            batch.batch_size, self.pool.num_kv_heads, self.req_to_token.shape[1], self.num_sms
+        )
 
     def prepare(self, batch: ForwardBatch) -> None:
         self.decode = all(n == 1 for n in batch.extend_lens_cpu)

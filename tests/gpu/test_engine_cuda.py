@@ -48,7 +48,12 @@ def test_fp32_cuda_greedy_equals_hf(random_llama: Path) -> None:
 
     prompts = ["w5 w6 w7", "w100 w200 w300 w400 w500", "w9", "w1000 w2000 w3000 w4000"]
     with weft.Engine(
-        str(random_llama), device="cuda", dtype="float32", page_size=16, attention_backend="torch"
+        str(random_llama),
+        device="cuda",
+        dtype="float32",
+        page_size=16,
+        attention_backend="torch",
+        disable_cuda_graph=True,
     ) as eng:
         outs = eng.generate(prompts, {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True})
         tok = eng.tokenizer
@@ -65,8 +70,10 @@ def test_fp32_cuda_greedy_equals_hf(random_llama: Path) -> None:
         assert out["output_ids"] == ref[0, ids.shape[1] :].tolist(), prompt
 
 
-@pytest.mark.parametrize("backend", ["auto", "triton", "torch"])
-def test_bf16_llama8b_dummy_engine(tmp_path: Path, backend: str) -> None:
+@pytest.mark.parametrize(
+    ("backend", "eager"), [("auto", False), ("triton", True), ("flashinfer", True), ("torch", True)]
+)
+def test_bf16_llama8b_dummy_engine(tmp_path: Path, backend: str, eager: bool) -> None:
     """Loads the 8B shape with random weights straight onto the GPU and serves a batch."""
     import shutil
 
@@ -81,6 +88,7 @@ def test_bf16_llama8b_dummy_engine(tmp_path: Path, backend: str) -> None:
         context_length=4096,
         mem_fraction=0.8,
         attention_backend=backend,
+        disable_cuda_graph=eager,
     ) as eng:
         loaded = time.perf_counter() - start
         state: dict[str, Any] = eng.get_state()

@@ -1,0 +1,108 @@
+"""CUDA graphs for decode: capture the model's decode step at fixed batch sizes over static input
+buffers, pad each real batch to the next captured size, and replay."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import Any
+
+import torch
+
+from weft.runtime.attention.base import AttentionBackend
+from weft.runtime.batch import ForwardBatch, ForwardMode
+
+logger = logging.getLogger(__name__)
+
+
+def capture_sizes(max_batch: int) -> list[int]:
+    sizes = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256]
+    sizes += list(range(288, max_batch + 1, 32))
+    return [s for s in sizes if s <= max_batch] or [1]
+
+
+class GraphRunner:
+    """Replays the decode forward (embedding -> final norm) for batches of one token per request.
+
+    Padded rows read row `pad_row` of the request table with seq_len 0 (attention skips them) and
+    write their K/V to the reserved slot 0, so they touch no request's KV.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        attn: AttentionBackend,
+        max_batch: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        pad_row: int,
+    ) -> None:
+        self.model = model
+        self.attn = attn
+        self.sizes = capture_sizes(max_batch)
+        n = self.sizes[-1]
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=device)
+        self.req_rows = torch.full((n,), pad_row, dtype=torch.int64, device=device)
+        self.seq_lens = torch.zeros(n, dtype=torch.int64, device=device)
+        self.extend_lens = torch.ones(n, dtype=torch.int64, device=device)
+        self.hidden = torch.zeros(n, hidden_size, dtype=dtype, device=device)
+        self.pad_row = pad_row
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool: Any = None
+
+    def static_batch(self, bs: int) -> ForwardBatch:
+        return ForwardBatch(
+            mode=ForwardMode.DECODE,
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            out_cache_loc=self.out_cache_loc[:bs],
+            req_rows=self.req_rows[:bs],
+            seq_lens=self.seq_lens[:bs],
+            extend_lens=self.extend_lens[:bs],
+            seq_lens_cpu=[0] * bs,
+            extend_lens_cpu=[1] * bs,
+        )
+
+    @torch.no_grad()
+    def capture(self) -> None:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for bs in reversed(self.sizes):  # largest first: later graphs reuse its memory
+                fb = self.static_batch(bs)
+                self.attn.prepare_graph(fb)
+                for _ in range(2):  # compile kernels, settle allocations
+                    self.hidden[:bs] = self.model(fb, self.attn)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    self.hidden[:bs] = self.model(fb, self.attn)
+                if self.pool is None:
+                    self.pool = graph.pool()
+                self.graphs[bs] = graph
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        return fb.mode == ForwardMode.DECODE and fb.batch_size <= self.sizes[-1]
+
+    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+        """Hidden states [B, hidden] of a real decode batch of size B."""
+        b = fb.batch_size
+        bs = self.sizes[bisect.bisect_left(self.sizes, b)]
+        self.input_ids[:b].copy_(fb.input_ids)
+        self.positions[:b].copy_(fb.positions)
+        self.out_cache_loc[:b].copy_(fb.out_cache_loc)
+        self.req_rows[:b].copy_(fb.req_rows)
+        self.seq_lens[:b].copy_(fb.seq_lens)
+        if bs > b:
+            self.input_ids[b:bs].zero_()
+            self.positions[b:bs].zero_()
+            self.out_cache_loc[b:bs].zero_()
+            self.req_rows[b:bs].fill_(self.pad_row)
+            self.seq_lens[b:bs].zero_()
+        self.graphs[bs].replay()
+        return self.hidden[:b]
