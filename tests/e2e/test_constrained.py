@@ -70,7 +70,7 @@ def test_every_corpus_entry_yields_valid_output(engine: Any, temperature: float)
         unenforced = out["meta_info"].get("unenforced_keywords", [])
         if not unenforced:
             checker = jsonschema.Draft202012Validator(
-                entry["schema"], format_checker=jsonschema.FormatChecker()
+                entry["schema"], format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
             )
             errors = [e.message for e in checker.iter_errors(value)]
             assert not errors, (entry["name"], text, errors)
