@@ -13,6 +13,8 @@ import torch
 from weft.constrain.vocab import TokenSpace
 
 GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf", "choices"]
+# appended to a refusal that only the request's own strict flag caused
+STRICT_NOTE = " (strict is true: such keywords are refused, not left unenforced)"
 
 
 @dataclass(frozen=True)
@@ -22,17 +24,22 @@ class GrammarSpec:
     `json_schema`: the schema as compact JSON, key order kept (both backends emit object
     properties in schema order, so reordering keys would change the grammar). `choices`: a JSON
     list of strings. `json_object`: any JSON object (spec is ""). `regex`/`ebnf`: the text as given.
+    `strict` (json_schema only; OpenAI's `strict: true`): refuse the schema if the backend cannot
+    enforce one of its keywords, as the backend-wide `strict` does for every schema.
     """
 
     kind: GrammarKind
     spec: str
+    strict: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in get_args(GrammarKind):
             raise GrammarError(f"unknown grammar kind {self.kind!r}")
+        if self.strict and self.kind != "json_schema":
+            raise GrammarError(f"strict applies to json_schema only, not to {self.kind}")
 
     @classmethod
-    def json_schema(cls, schema: dict[str, Any] | bool | str) -> GrammarSpec:
+    def json_schema(cls, schema: dict[str, Any] | bool | str, strict: bool = False) -> GrammarSpec:
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
@@ -44,7 +51,8 @@ class GrammarSpec:
             schema = {}
         if not isinstance(schema, dict):
             raise GrammarError("json_schema must be a JSON object (or a boolean schema)")
-        return cls("json_schema", json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
+        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+        return cls("json_schema", text, strict)
 
     @classmethod
     def json_object(cls) -> GrammarSpec:
@@ -226,6 +234,10 @@ class GrammarBackend(ABC):
     def cache_key(self) -> tuple[object, ...]:
         """Everything besides the spec that changes what `compile` returns."""
         return (self.name, self.space.fingerprint, self.strict)
+
+    def strict_for(self, spec: GrammarSpec) -> bool:
+        """Whether unenforceable keywords refuse this spec (the backend's or the spec's strict)."""
+        return self.strict or spec.strict
 
     @abstractmethod
     def compile(self, spec: GrammarSpec, timeout_s: float | None = None) -> CompiledGrammar:

@@ -66,7 +66,7 @@ class CompileHandle:
 
 class GrammarCompiler:
     """Compiles specs off the caller's thread, caching results and failures by
-    (backend, tokenizer, options, kind, canonical spec) in an LRU of `cache_size` entries.
+    (backend, tokenizer, options, kind, canonical spec, strict) in an LRU of `cache_size` entries.
 
     The timeout really bounds the work: the outlines backend kills its worker process at the
     deadline; llguidance compiles are bounded by the library's fuel limits (worst case ~2 s of
@@ -92,7 +92,7 @@ class GrammarCompiler:
 
     def submit(self, spec: GrammarSpec) -> CompileHandle:
         """Start compiling `spec` (or return the cached handle); never blocks on the compile."""
-        key = (*self.backend.cache_key, spec.kind, spec.spec)
+        key = (*self.backend.cache_key, spec.kind, spec.spec, spec.strict)
         with self._lock:
             handle = self._cache.get(key)
             if handle is not None:

@@ -10,6 +10,7 @@ import llguidance.hf
 import torch
 
 from weft.constrain.base import (
+    STRICT_NOTE,
     CompiledGrammar,
     GrammarBackend,
     GrammarError,
@@ -44,7 +45,7 @@ class LLGuidanceBackend(GrammarBackend):
             tokenizer, n_vocab=space.vocab_size, eos_token=stops
         )
         self._limits = llguidance.LLParserLimits(**PARSER_LIMITS)
-        self._json_options = {"whitespace_pattern": json_whitespace, "lenient": not strict}
+        self._json_options: dict[str, Any] = {"whitespace_pattern": json_whitespace}
         self._json_whitespace = json_whitespace
 
     @property
@@ -71,8 +72,9 @@ class LLGuidanceBackend(GrammarBackend):
         make = llguidance.LLMatcher
         if spec.kind in ("json_schema", "json_object"):
             schema = spec.spec if spec.kind == "json_schema" else '{"type":"object"}'
+            options = {**self._json_options, "lenient": not self.strict_for(spec)}
             try:
-                return make.grammar_from_json_schema(schema, overrides=self._json_options)  # type: ignore[arg-type]
+                return make.grammar_from_json_schema(schema, overrides=options)  # type: ignore[arg-type]
             except ValueError as e:  # e.g. nesting deeper than its JSON parser's recursion limit
                 raise GrammarError(f"invalid json_schema: {e}") from None
         if spec.kind == "regex":
@@ -90,9 +92,8 @@ class LLGuidanceBackend(GrammarBackend):
             "Unimplemented keys" in message or message.startswith(("Unknown format", "oneOf"))
         ):
             keywords = llguidance_keywords([message])
-            return GrammarError(
-                f"unsupported JSON schema keyword(s): {', '.join(keywords)}", keywords
-            )
+            why = f"unsupported JSON schema keyword(s): {', '.join(keywords)}"
+            return GrammarError(why + STRICT_NOTE * (spec.strict and not self.strict), keywords)
         text = message.strip()[:500]
         if "too big" in text or "limit" in text or "fuel" in text:
             return GrammarError(f"{spec.kind} is too complex to compile: {text}")

@@ -16,6 +16,7 @@ import outlines_core
 
 from weft.constrain import _outlines_worker as worker
 from weft.constrain.base import (
+    STRICT_NOTE,
     CompiledGrammar,
     GrammarBackend,
     GrammarError,
@@ -74,6 +75,10 @@ class OutlinesBackend(GrammarBackend):
     def _to_job(self, spec: GrammarSpec) -> tuple[str, str, list[str]]:
         if spec.kind == "json_schema":
             schema, unenforced = prepare_for_outlines(json.loads(spec.spec), self.strict)
+            if spec.strict and unenforced:
+                names = ", ".join(unenforced)
+                why = f"unsupported JSON schema keyword(s) for outlines: {names}{STRICT_NOTE}"
+                raise GrammarError(why, unenforced)
             return "schema", json.dumps(schema), unenforced
         if spec.kind == "json_object":
             return "schema", '{"type":"object"}', []

@@ -29,7 +29,7 @@ def grammar_spec(params: SamplingParams) -> GrammarSpec | None:
             raise GrammarError(f"json_schema is not valid JSON: {e}") from None
         if schema == {"type": "object"}:  # OpenAI's json_object mode
             return GrammarSpec.json_object()
-        return GrammarSpec.json_schema(schema)
+        return GrammarSpec.json_schema(schema, strict=params.strict_json_schema)
     if params.regex is not None:
         return GrammarSpec.regex(params.regex)
     if params.ebnf is not None:

@@ -15,6 +15,7 @@ import weft
 from weft.runtime.chat import chat_text, normalize_messages
 from weft.runtime.generate_input import GenerateInput
 from weft.runtime.http.app import AppState, read_json, until_done_or_disconnect
+from weft.runtime.http.responses import held_stream, unenforced_headers
 from weft.runtime.tokenizer_manager import RuntimeDown
 
 router = APIRouter()
@@ -58,17 +59,20 @@ async def generate(request: Request) -> Response:
     obj = generate_input(await read_json(request))
     manager = state.manager
     states = await manager.submit(obj)
-    if obj.stream:
-        stream = _sse(manager.results(states, stream=True), len(states) > 1, state)
-        return StreamingResponse(stream, media_type="text/event-stream")
 
     def abort_all() -> None:
         for s in states:
             manager.abort(s.rid)
 
+    if obj.stream:
+        events, headers = await held_stream(request, manager, states)
+        stream = _sse(events, len(states) > 1, state)
+        return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+
     outs = await until_done_or_disconnect(request, manager.collect(states), abort_all)
     single = not obj.is_batch and len(outs) == 1
-    return JSONResponse(outs[0] if single else outs)
+    headers = unenforced_headers(out["meta_info"] for out in outs)
+    return JSONResponse(outs[0] if single else outs, headers=headers)
 
 
 async def _sse(

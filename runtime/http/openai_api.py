@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from weft.runtime.chat import normalize_messages, render_chat
 from weft.runtime.generate_input import GenerateInput
@@ -28,6 +28,7 @@ from weft.runtime.http.openai_protocol import (
     parse_request,
     usage_of,
 )
+from weft.runtime.http.responses import held_stream, openai_stream, unenforced_headers
 from weft.runtime.http.tool_calls import (
     ToolCallParser,
     ToolPlan,
@@ -35,7 +36,7 @@ from weft.runtime.http.tool_calls import (
     split_output,
     stream_deltas,
 )
-from weft.runtime.tokenizer_manager import ReqState, RuntimeDown, TokenizerManager
+from weft.runtime.tokenizer_manager import ReqState, TokenizerManager
 
 router = APIRouter()
 
@@ -122,8 +123,9 @@ async def completions(request: Request) -> Response:
     echoes = [_prompt_text(state, p) for p in prompts] if req.echo else []
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": req.model}
     if req.stream:
-        chunks = _completion_chunks(state, req, states, head, echoes)
-        return StreamingResponse(_sse(chunks), media_type="text/event-stream")
+        results, headers = await held_stream(request, manager, states)
+        chunks = _completion_chunks(state, req, results, head, echoes)
+        return openai_stream(chunks, headers)
     outs = await _collect(request, manager, states)
     choices, metas = [], {}
     for k, out in enumerate(outs):
@@ -134,7 +136,8 @@ async def completions(request: Request) -> Response:
             logprobs = legacy_logprobs(*logprob_rows(meta, req.echo), offset=0)
         text = (echoes[k // req.n] if req.echo else "") + out["text"]
         choices.append(_choice(k, text=text, logprobs=logprobs, reason=reason, matched=matched))
-    return JSONResponse({**head, "choices": choices, "usage": _usage(state, req, metas)})
+    body = {**head, "choices": choices, "usage": _usage(state, req, metas)}
+    return JSONResponse(body, headers=unenforced_headers(metas.values()))
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[Any]:
@@ -156,14 +159,14 @@ def _prompt_text(state: AppState, prompt: str | list[int]) -> str:
 async def _completion_chunks(
     state: AppState,
     req: CompletionRequest,
-    states: list[ReqState],
+    results: AsyncGenerator[dict[str, Any], None],
     head: dict[str, Any],
     echoes: list[str],
 ) -> AsyncGenerator[dict[str, Any], None]:
     """OpenAI's completion stream: text deltas; finish_reason rides on each index's last chunk."""
     metas: dict[int, dict[str, Any]] = {}
     sent: dict[int, int] = {}  # characters sent per index (the next text_offset)
-    async with aclosing(state.manager.results(states, stream=True)) as results:
+    async with aclosing(results):
         async for delta in results:
             k = int(delta.get("index", 0))
             meta = metas[k] = delta["meta_info"]
@@ -236,6 +239,8 @@ async def chat_completions(request: Request) -> Response:
                 "tool_choice",
             )
         params["json_schema"] = plan.json_schema
+        if plan.strict:
+            params["strict_json_schema"] = True
     rid = req.rid if isinstance(req.rid, str) else f"chatcmpl-{uuid.uuid4().hex}"
     obj = GenerateInput(
         input_ids=prompt,
@@ -251,8 +256,8 @@ async def chat_completions(request: Request) -> Response:
     head = {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": req.model}
     if req.stream:
         head["object"] = "chat.completion.chunk"
-        chunks = _chat_chunks(state, req, plan, states, head)
-        return StreamingResponse(_sse(chunks), media_type="text/event-stream")
+        results, headers = await held_stream(request, manager, states)
+        return openai_stream(_chat_chunks(state, req, plan, results, head), headers)
     outs = await _collect(request, manager, states)
     choices, metas = [], {}
     for k, out in enumerate(outs):
@@ -271,14 +276,15 @@ async def chat_completions(request: Request) -> Response:
         if req.logprobs:
             choice["logprobs"] = chat_logprobs(rt.tokenizer, *logprob_rows(meta, echo=False))
         choices.append({**choice, "finish_reason": reason, "matched_stop": matched})
-    return JSONResponse({**head, "choices": choices, "usage": _usage(state, req, metas)})
+    body = {**head, "choices": choices, "usage": _usage(state, req, metas)}
+    return JSONResponse(body, headers=unenforced_headers(metas.values()))
 
 
 async def _chat_chunks(
     state: AppState,
     req: ChatCompletionRequest,
     plan: ToolPlan,
-    states: list[ReqState],
+    results: AsyncGenerator[dict[str, Any], None],
     head: dict[str, Any],
 ) -> AsyncGenerator[dict[str, Any], None]:
     """Per index: a role chunk, content chunks and tool-call chunks (each call whole, in one
@@ -300,7 +306,7 @@ async def _chat_chunks(
         }
         return _with_usage({**head, "choices": [choice]}, state, req, metas, continuous=True)
 
-    async with aclosing(state.manager.results(states, stream=True)) as results:
+    async with aclosing(results):
         async for delta in results:
             k = int(delta.get("index", 0))
             first = k not in metas
@@ -386,17 +392,3 @@ async def _collect(
         request, manager.collect(states), abort_all
     )
     return outs
-
-
-async def _sse(chunks: AsyncGenerator[dict[str, Any], None]) -> AsyncIterator[bytes]:
-    """SSE framing; an error after the stream started is sent as an OpenAI error event."""
-    try:
-        async with aclosing(chunks) as events:
-            async for event in events:
-                yield f"data: {json.dumps(event)}\n\n".encode()
-    except (RuntimeDown, ValueError) as e:
-        code = 503 if isinstance(e, RuntimeDown) else 400
-        kind = "internal_error" if code >= 500 else "invalid_request_error"
-        err = {"message": str(e), "type": kind, "param": None, "code": code}
-        yield f"data: {json.dumps({'error': err})}\n\n".encode()
-    yield b"data: [DONE]\n\n"

@@ -153,8 +153,9 @@ class _Common(_Strict):
             **{k: v for k, v in params.items() if v is not None},
         }
 
-    def constraint(self) -> dict[str, str]:
-        """json_schema / regex / ebnf, from the extension fields or from response_format."""
+    def constraint(self) -> dict[str, Any]:
+        """json_schema / regex / ebnf, from the extension fields or from response_format (whose
+        `strict: true` refuses schema keywords the grammar cannot enforce: strict_json_schema)."""
         out = {k: getattr(self, k) for k in ("json_schema", "regex", "ebnf")}
         out = {k: v for k, v in out.items() if v is not None}
         schema = _format_schema(self.response_format)
@@ -166,6 +167,9 @@ class _Common(_Strict):
                 400,
                 "response_format",
             )
+        spec = self.response_format.json_schema if self.response_format else None
+        if spec is not None and spec.strict:
+            return {"json_schema": schema, "strict_json_schema": True}
         return {"json_schema": schema}
 
 

@@ -43,6 +43,7 @@ class ToolPlan:
     json_schema: str | None  # the constraint that "required" / a named function implies
     parallel: bool = True  # False: at most one call
     named: str | None = None  # the function of a named tool_choice
+    strict: bool = False  # a constrained function says strict: refuse unenforceable keywords
 
     def parser(self) -> ToolCallParser | None:
         if self.mode == "none":
@@ -58,7 +59,9 @@ def plan_tools(
 ) -> ToolPlan:
     """The ToolPlan of a request's tools (OpenAI dicts) and tool_choice ("none", "auto",
     "required", {"type": "function", "function": {"name"}}, or None: auto when tools are given).
-    BadRequest for a bad combination."""
+    BadRequest for a bad combination. `strict: true` on a function makes the constraint strict:
+    with required, if any tool says so (a refused keyword cannot be traced to one function);
+    with auto nothing is constrained (calls are parsed), so strict has nothing to refuse."""
     if not tools:
         if choice is not None and choice != "none":
             raise BadRequest("tool_choice is only allowed when tools are given", 400, "tool_choice")
@@ -83,12 +86,15 @@ def plan_tools(
         array: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
         if one:
             array["maxItems"] = 1
-        return ToolPlan("required", tools, json.dumps(array), parallel=not one)
+        strict = any(t["function"].get("strict") for t in tools)
+        return ToolPlan("required", tools, json.dumps(array), parallel=not one, strict=strict)
     assert isinstance(choice, Mapping), choice
     name = str(choice["function"]["name"])
     if name not in params:
         raise BadRequest(f"tool_choice names function {name!r}, not in tools", 400, "tool_choice")
-    return ToolPlan("named", tools, json.dumps(params[name]), parallel=False, named=name)
+    strict = any(t["function"].get("strict") for t in tools if t["function"]["name"] == name)
+    schema = json.dumps(params[name])
+    return ToolPlan("named", tools, schema, parallel=False, named=name, strict=strict)
 
 
 def finish_reason(reason: str | None, has_calls: bool) -> str | None:

@@ -6,9 +6,25 @@ import json
 
 import numpy as np
 import pytest
-from test_constrain_support import STOP, VOCAB, allowed_ids, backend, compile_spec, encode, walk
+from test_constrain_support import (
+    STOP,
+    VOCAB,
+    allowed_ids,
+    backend,
+    compile_spec,
+    encode,
+    schemas,
+    walk,
+)
 
-from weft.constrain import BACKENDS, GrammarError, GrammarMatcher, GrammarSpec, allocate_bitmask
+from weft.constrain import (
+    BACKENDS,
+    GrammarCompiler,
+    GrammarError,
+    GrammarMatcher,
+    GrammarSpec,
+    allocate_bitmask,
+)
 
 CONST_SCHEMA = {
     "type": "object",
@@ -187,6 +203,41 @@ def test_strict_refuses_what_lenient_reports(name: str) -> None:
         "required": ["a"],
     }
     assert backend(name, strict=True).compile(GrammarSpec.json_schema(exact)).unenforced == ()
+    # per request (OpenAI strict: true) on a lenient backend: the same refusal, saying why
+    with pytest.raises(GrammarError, match="uniqueItems.*strict is true") as info:
+        backend(name).compile(GrammarSpec.json_schema(schema, strict=True))
+    assert info.value.keywords == ("uniqueItems",)
+    assert backend(name).compile(GrammarSpec.json_schema(exact, strict=True)).unenforced == ()
+
+
+def test_per_request_strict_refuses_exactly_what_lenient_reports() -> None:
+    """Over the whole corpus (llguidance, the default): a strict spec is refused, naming the
+    keywords, iff the lenient compile of that schema reports unenforced keywords."""
+    lenient = backend("llguidance")
+    for entry in schemas():
+        reported = lenient.compile(GrammarSpec.json_schema(entry["schema"])).unenforced
+        try:
+            lenient.compile(GrammarSpec.json_schema(entry["schema"], strict=True))
+        except GrammarError as e:
+            assert reported and set(e.keywords) == set(reported), (entry["name"], e, reported)
+        else:
+            assert not reported, (entry["name"], reported)
+
+
+def test_strict_is_part_of_the_spec_and_its_cache_key() -> None:
+    spec = GrammarSpec.json_schema({"type": "integer", "minimum": 3})
+    strict = GrammarSpec.json_schema({"type": "integer", "minimum": 3}, strict=True)
+    assert spec != strict and spec.spec == strict.spec
+    with pytest.raises(GrammarError, match="json_schema only"):
+        GrammarSpec("regex", "a+", strict=True)
+    compiler = GrammarCompiler(backend("outlines"), timeout_s=10, threads=1)
+    try:
+        assert compiler.submit(spec).result().unenforced == ("minimum",)
+        with pytest.raises(GrammarError, match="minimum.*strict is true"):
+            compiler.submit(strict).result()
+        assert compiler.misses == 2
+    finally:
+        compiler.close()
 
 
 @pytest.mark.parametrize("name", BACKENDS)

@@ -27,6 +27,7 @@ DEFAULTS = {
     "json_schema": None,
     "regex": None,
     "ebnf": None,
+    "strict_json_schema": False,
     "ignore_eos": False,
     "skip_special_tokens": True,
     "spaces_between_special_tokens": True,
@@ -232,6 +233,15 @@ def test_json_schema_dict_is_dumped():
     assert SamplingParams.from_dict({"json_schema": '{"type": "string"}'}).json_schema == (
         '{"type": "string"}'
     )
+
+
+def test_strict_json_schema_needs_a_schema():
+    p = SamplingParams.from_dict({"json_schema": {"type": "integer"}, "strict_json_schema": True})
+    assert p.strict_json_schema
+    with pytest.raises(ValueError, match="strict_json_schema needs a json_schema"):
+        SamplingParams.from_dict({"regex": "a+", "strict_json_schema": True})
+    with pytest.raises(ValueError, match="strict_json_schema must be true or false"):
+        SamplingParams.from_dict({"json_schema": "{}", "strict_json_schema": "yes"})
 
 
 def test_stop_shapes():

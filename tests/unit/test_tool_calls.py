@@ -76,6 +76,20 @@ def test_plan_required_schema() -> None:
     assert one["maxItems"] == 1
 
 
+def test_plan_strict_follows_the_constrained_functions() -> None:
+    strict_weather = [
+        {"type": "function", "function": {"name": "weather", "parameters": CITY, "strict": True}},
+        TOOLS[1],
+    ]
+    assert not plan_tools(TOOLS, "required", None).strict
+    assert plan_tools(strict_weather, "required", None).strict  # any constrained one says so
+    weather = {"type": "function", "function": {"name": "weather"}}
+    time_ = {"type": "function", "function": {"name": "time"}}
+    assert plan_tools(strict_weather, weather, None).strict
+    assert not plan_tools(strict_weather, time_, None).strict
+    assert not plan_tools(strict_weather, "auto", None).strict  # nothing is constrained
+
+
 @pytest.mark.parametrize(
     ("tools", "choice", "needle"),
     [
