@@ -20,7 +20,9 @@ Role = Literal["scheduler", "detokenizer"]
 class ChildProcess:
     """One child: a subprocess.Popen with the few process verbs the runtime uses."""
 
-    def __init__(self, role: Role, config: EngineConfig, path: str, ends: Endpoints) -> None:
+    def __init__(
+        self, role: Role, config: EngineConfig, path: str, ends: Endpoints, tp_rank: int = 0
+    ) -> None:
         self.role = role
         payload = {
             "role": role,
@@ -28,6 +30,7 @@ class ChildProcess:
             "path": path,
             "ends": asdict(ends),
             "parent": os.getpid(),
+            "tp_rank": tp_rank,
         }
         self._payload = msgspec.json.encode(payload)
         self._popen: subprocess.Popen[bytes] | None = None

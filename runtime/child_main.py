@@ -18,7 +18,9 @@ def main() -> None:
     if payload["role"] == "scheduler":
         from weft.runtime.scheduler import run_scheduler_process
 
-        run_scheduler_process(config, payload["path"], ends, payload["parent"])
+        run_scheduler_process(
+            config, payload["path"], ends, payload["parent"], int(payload.get("tp_rank", 0))
+        )
     else:
         from weft.runtime.detokenizer import run_detokenizer_process
 

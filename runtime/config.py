@@ -38,6 +38,7 @@ class EngineConfig:
     kv_cache_bytes: int | None = None  # CPU budget for the KV pool (default 1 GiB)
     mem_fraction: float = 0.85  # GPU: fraction of total memory for weights + KV pool
     max_running_requests: int = 256
+    tp_size: int = 1  # tensor parallelism: one scheduler process per rank (GPU r, or CPU + gloo)
     max_prefill_tokens: int = 8192  # token budget of one prefill batch
     chunked_prefill_size: int = 4096  # prompts longer than this are prefilled in chunks; 0: off
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
@@ -78,6 +79,13 @@ class EngineConfig:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        if self.resolved_device == "cuda" and self.tp_size > torch.cuda.device_count():
+            raise ValueError(
+                f"tp_size={self.tp_size} needs {self.tp_size} GPUs, "
+                f"but only {torch.cuda.device_count()} are visible"
+            )
         if self.max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {self.max_prefill_tokens}")
         if self.chunked_prefill_size < 0:

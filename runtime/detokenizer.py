@@ -70,7 +70,8 @@ def run_detokenizer_process(
 ) -> None:
     """Entry point of the detokenizer child process."""
 
-    def start(channel: Channel) -> tuple[tuple[Channel, Detokenizer], dict[str, Any]]:
+    def start(channel: Channel | None) -> tuple[tuple[Channel, Detokenizer], dict[str, Any]]:
+        assert channel is not None
         return (channel, Detokenizer(load_tokenizer(tokenizer_path))), {}
 
     def serve(args: tuple[Channel, Detokenizer]) -> None:

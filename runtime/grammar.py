@@ -42,9 +42,15 @@ class GrammarQueue:
     (vocabulary tables, ~1 s) is built on the first constrained request."""
 
     def __init__(
-        self, config: EngineConfig, tokenizer: Any, vocab_size: int, stop_ids: frozenset[int]
+        self,
+        config: EngineConfig,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_ids: frozenset[int],
+        timeout_s: float | None = None,
     ) -> None:
         self.config = config
+        self.timeout_s = config.grammar_timeout if timeout_s is None else timeout_s
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.stop_ids = stop_ids
@@ -60,7 +66,7 @@ class GrammarQueue:
                 self.stop_ids,
                 strict=self.config.strict_schemas,
             )
-            self.compiler = GrammarCompiler(backend, timeout_s=self.config.grammar_timeout)
+            self.compiler = GrammarCompiler(backend, timeout_s=self.timeout_s)
         return self.compiler
 
     def submit(self, req: Req, spec: GrammarSpec) -> None:
@@ -69,25 +75,48 @@ class GrammarQueue:
 
     def poll(self) -> tuple[list[Req], list[tuple[Req, str]]]:
         """Requests whose grammar is ready (matcher attached) and those whose compile failed."""
-        ready: list[Req] = []
-        failed: list[tuple[Req, str]] = []
-        still: list[Req] = []
-        for req in self.pending:
+        return self.take(*self.scan())
+
+    def scan(self) -> tuple[list[int], list[tuple[int, str]]]:
+        """Positions in `pending` of finished compiles: ready ones, and failed ones with the reason.
+        Changes nothing (tensor parallelism: rank 0 scans, every rank takes the same positions)."""
+        ready: list[int] = []
+        failed: list[tuple[int, str]] = []
+        for i, req in enumerate(self.pending):
             handle = req.grammar_handle
             if not handle.done():
-                still.append(req)
                 continue
             try:
-                grammar = handle.result()
+                handle.result()
             except GrammarError as e:
-                failed.append((req, f"Failed to compile the grammar: {e}"))
+                failed.append((i, f"Failed to compile the grammar: {e}"))
                 continue
+            ready.append(i)
+        return ready, failed
+
+    def take(
+        self, ready: list[int], failed: list[tuple[int, str]]
+    ) -> tuple[list[Req], list[tuple[Req, str]]]:
+        """Remove the scanned positions from `pending`: ready requests get their matcher (waiting
+        for a compile still running here, as on a follower rank), failed ones come with the reason."""
+        out_ready: list[Req] = []
+        for i in ready:
+            req = self.pending[i]
+            try:
+                grammar = req.grammar_handle.result()
+            except GrammarError as e:
+                raise RuntimeError(
+                    f"grammar compiled on rank 0 but failed here ({e}); tensor-parallel ranks "
+                    "must agree, raise grammar_timeout"
+                ) from e
             req.grammar = grammar.matcher()
             req.unenforced = list(grammar.unenforced)
             req.grammar_handle = None
-            ready.append(req)
-        self.pending = still
-        return ready, failed
+            out_ready.append(req)
+        out_failed = [(self.pending[i], reason) for i, reason in failed]
+        gone = set(ready) | {i for i, _ in failed}
+        self.pending = [r for i, r in enumerate(self.pending) if i not in gone]
+        return out_ready, out_failed
 
     def remove(self, rids: set[str] | None) -> list[Req]:
         """Drop pending requests (all when rids is None); returns them."""

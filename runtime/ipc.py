@@ -27,12 +27,16 @@ class Endpoints:
     scheduler: str
     detokenizer: str
     engine: str
+    tp_init: str  # torch.distributed rendezvous of the tensor-parallel scheduler ranks (a file)
 
     @classmethod
     def in_private_dir(cls) -> tuple[Endpoints, str]:
         path = tempfile.mkdtemp(prefix="weft-ipc-")  # created with mode 0700
         os.chmod(path, 0o700)
-        ends = cls(*(f"ipc://{os.path.join(path, name)}" for name in ("sched", "detok", "engine")))
+        sched, detok, engine = (
+            f"ipc://{os.path.join(path, name)}" for name in ("sched", "detok", "engine")
+        )
+        ends = cls(sched, detok, engine, f"file://{os.path.join(path, 'tp-init')}")
         return ends, path
 
 
@@ -104,25 +108,28 @@ T = TypeVar("T")
 
 
 def run_child(
-    name: Literal["scheduler", "detokenizer"],
+    name: str,
     log_level: str,
-    listen: str,
+    listen: str | None,
     peers: dict[str, str],
-    start: Callable[[Channel], tuple[T, dict[str, Any]]],
+    start: Callable[[Channel | None], tuple[T, dict[str, Any]]],
     serve: Callable[[T], None],
 ) -> None:
     """The life of a child process: start (report ReadyOut or the error to the engine), serve
-    until the parent is gone, and on a crash log the traceback and exit 1."""
+    until the parent is gone, and on a crash log the traceback and exit 1. A child without a
+    `listen` address (a tensor-parallel follower rank) has no channel and reports nothing."""
     die_with_parent()
     setup_child_logging(log_level, name)
-    channel = Channel(listen, peers)
+    channel = Channel(listen, peers) if listen is not None else None
     try:
         obj, info = start(channel)
-        channel.send("engine", ReadyOut(name, info))
+        if channel is not None:
+            channel.send("engine", ReadyOut(_role(name), info))
     except Exception as exc:
         logger.error("%s failed to start:\n%s", name, traceback.format_exc())
-        channel.send("engine", ReadyOut(name, error=f"{type(exc).__name__}: {exc}"))
-        channel.close()
+        if channel is not None:
+            channel.send("engine", ReadyOut(_role(name), error=f"{type(exc).__name__}: {exc}"))
+            channel.close()
         raise SystemExit(1) from exc
     try:
         serve(obj)
@@ -132,4 +139,11 @@ def run_child(
         logger.critical("%s crashed:\n%s", name, traceback.format_exc())
         raise SystemExit(1) from None
     finally:
-        channel.close()
+        if channel is not None:
+            channel.close()
+
+
+def _role(name: str) -> Literal["scheduler", "detokenizer"]:
+    if name not in ("scheduler", "detokenizer"):
+        raise ValueError(f"only the scheduler and the detokenizer report to the engine, not {name}")
+    return name  # type: ignore[return-value]

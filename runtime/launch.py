@@ -15,20 +15,28 @@ from weft.runtime.ipc import Endpoints
 from weft.runtime.loader import load_tokenizer, read_hf_config, resolve_model_path
 from weft.runtime.messages import ReadyOut
 from weft.runtime.model_info import ModelInfo
+from weft.runtime.models.parallel import check_tp
 from weft.runtime.tokenizer_manager import RuntimeDown, TokenizerManager
 
 logger = logging.getLogger(__name__)
 
 
 class ChildProcesses:
-    """The scheduler and detokenizer of one runtime; any death takes the others down."""
+    """The scheduler (one process per tensor-parallel rank) and the detokenizer of one runtime;
+    any death takes the others down."""
 
     def __init__(self, config: EngineConfig, model_path: Path, tokenizer_path: Path) -> None:
         self.ends, self.ipc_dir = Endpoints.in_private_dir()
         self.procs = {
             "scheduler": ChildProcess("scheduler", config, str(model_path), self.ends),
-            "detokenizer": ChildProcess("detokenizer", config, str(tokenizer_path), self.ends),
         }
+        for rank in range(1, config.tp_size):
+            self.procs[f"scheduler rank {rank}"] = ChildProcess(
+                "scheduler", config, str(model_path), self.ends, tp_rank=rank
+            )
+        self.procs["detokenizer"] = ChildProcess(
+            "detokenizer", config, str(tokenizer_path), self.ends
+        )
         self.closed = False
 
     def start(self) -> None:
@@ -91,7 +99,9 @@ def prepare(config: EngineConfig) -> tuple[Path, Path, Any, ModelInfo]:
     )
     tokenizer_path = Path(config.tokenizer) if config.tokenizer else model_path
     tokenizer = load_tokenizer(tokenizer_path)
-    info = ModelInfo.from_folder(model_path, read_hf_config(model_path), config)
+    hf_config = read_hf_config(model_path)
+    check_tp(hf_config, config.tp_size)  # before any process starts
+    info = ModelInfo.from_folder(model_path, hf_config, config)
     return model_path, tokenizer_path, tokenizer, info
 
 

@@ -14,11 +14,12 @@ from weft.runtime.attention import create_attention_backend
 from weft.runtime.batch import Batch, ForwardBatch, ForwardMode
 from weft.runtime.config import EngineConfig
 from weft.runtime.cuda_graph import GraphRunner
-from weft.runtime.loader import iterate_weights
+from weft.runtime.distributed import TPGroup
+from weft.runtime.loader import iterate_weight_slices
 from weft.runtime.logprobs import LogprobRows, gather_logprobs
 from weft.runtime.memory import RESERVED_PAGES, KVPool, PageAllocator, ReqToTokenPool
 from weft.runtime.models import build_model, init_dummy_weights
-from weft.runtime.models.llama import head_dim_of, sliding_window_of
+from weft.runtime.models.llama import LlamaDecoderLayer, head_dim_of, sliding_window_of
 from weft.runtime.request import Req
 from weft.runtime.sampler import Sampler, SamplingInputs
 
@@ -41,9 +42,17 @@ class ReqStepResult:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model_path: Any, hf_config: Any, context_len: int):
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_path: Any,
+        hf_config: Any,
+        context_len: int,
+        tp: TPGroup | None = None,
+    ):
         self.config = config
-        self.device = torch.device(config.resolved_device)
+        self.tp = tp
+        self.device = tp.device if tp is not None else torch.device(config.resolved_device)
         self.dtype = config.torch_dtype
         self.hf_config = hf_config
         self.context_len = context_len
@@ -54,19 +63,24 @@ class ModelRunner:
             torch.set_num_threads(config.cpu_threads)
         t0 = time.perf_counter()
         torch.manual_seed(config.seed)
-        self.model = build_model(hf_config, context_len, self.device, self.dtype)
+        model_tp = tp.model_info if tp is not None else None
+        self.model = build_model(hf_config, context_len, self.device, self.dtype, model_tp)
         if config.load_format == "dummy":
             init_dummy_weights(self.model, config.seed)
-        else:
-            self.model.load_weights(iterate_weights(model_path, device=self.device))
+        else:  # each rank reads only its slices
+            self.model.load_weights(iterate_weight_slices(model_path, device=self.device))
         logger.info("model loaded in %.1f s", time.perf_counter() - t0)
 
         num_layers = hf_config.num_hidden_layers
-        kv_heads = hf_config.num_key_value_heads
+        first = self.model.layers[0]
+        assert isinstance(first, LlamaDecoderLayer)
+        kv_heads = first.self_attn.num_kv_heads  # this rank's
         head_dim = head_dim_of(hf_config)
         num_pages = self._num_pages(
             KVPool.bytes_per_slot(num_layers, kv_heads, head_dim, self.dtype)
         )
+        if tp is not None:  # the same pool size on every rank: the accounting is replicated
+            num_pages = tp.min_int(num_pages)
         self.allocator = PageAllocator(num_pages, self.page_size, self.device)
         self.pool = KVPool(
             num_pages * self.page_size, num_layers, kv_heads, head_dim, self.dtype, self.device
@@ -219,6 +233,8 @@ class ModelRunner:
         ]
         want_lp = any(r.return_logprob for r in reqs)
         out = self.sampler(logits, inputs, want_logprobs=want_lp)
+        if self.tp is not None:  # every rank continues with rank 0's tokens
+            self.tp.broadcast_tokens(out.next_ids)
         next_ids = out.next_ids.tolist()
         for k, i in enumerate(samplers):
             results[i].next_id = next_ids[k]

@@ -14,6 +14,7 @@ from weft.runtime.batch import Batch, ForwardMode
 from weft.runtime.cache_manager import KVCacheManager
 from weft.runtime.config import EngineConfig
 from weft.runtime.decode import build_decode_batch, retract_for_decode
+from weft.runtime.distributed import Inbox, TPGroup, init_tp_group
 from weft.runtime.finish import StopState, check_finish, jump_forward, token_out
 from weft.runtime.grammar import GrammarQueue, grammar_spec
 from weft.runtime.ipc import Channel, Endpoints, parent_alive, run_child
@@ -28,6 +29,8 @@ from weft.runtime.messages import (
     Message,
     StateOut,
     TokenizedGenerateReq,
+    decode,
+    encode,
 )
 from weft.runtime.model_info import ModelInfo
 from weft.runtime.model_runner import ModelRunner, ReqStepResult
@@ -42,16 +45,29 @@ MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
 IDLE_POLL_MS = 200
 GRAMMAR_POLL_MS = 2  # while grammars compile, look for finished ones this often
+FOLLOWER_GRAMMAR_TIMEOUT_SCALE = 4  # followers only wait for compiles rank 0 finished
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, model_path: Path, channel: Channel | None) -> None:
+    """One per tensor-parallel rank. Rank 0 owns the channel and shares what it receives; every
+    rank then runs the same deterministic schedule on the same inputs (rank 0's sampled tokens),
+    so the radix cache, the KV accounting and the grammar matchers stay identical everywhere."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_path: Path,
+        channel: Channel | None,
+        tp: TPGroup | None = None,
+    ) -> None:
         self.config = config
         self.channel = channel
+        self.tp = tp
+        self.is_leader = tp is None or tp.is_leader
         hf_config = read_hf_config(model_path)
         self.info = ModelInfo.from_folder(model_path, hf_config, config)
         self.tokenizer = load_tokenizer(model_path)
-        self.runner = ModelRunner(config, model_path, hf_config, self.info.context_len)
+        self.runner = ModelRunner(config, model_path, hf_config, self.info.context_len, tp)
         self.runner.stop_ids = self.info.eos_ids
         tree: PrefixCache = (
             NoCache(self.runner.allocator, self.runner.page_size)
@@ -66,8 +82,13 @@ class Scheduler:
         self.arrivals = 0
         self.stats: dict[str, int] = {"retractions": 0, "prompt_tokens": 0, "cached_tokens": 0}
         self.checked_idle = True
+        scale = 1 if self.is_leader else FOLLOWER_GRAMMAR_TIMEOUT_SCALE
         self.grammars = GrammarQueue(
-            config, self.tokenizer, self.info.vocab_size, self.info.eos_ids
+            config,
+            self.tokenizer,
+            self.info.vocab_size,
+            self.info.eos_ids,
+            timeout_s=config.grammar_timeout * scale,
         )
         self.jump_forward = not config.disable_jump_forward
 
@@ -78,6 +99,7 @@ class Scheduler:
     ##### The loop #####
 
     def run_forever(self, parent_pid: int) -> None:
+        """receive -> schedule -> run -> process results, until the parent is gone."""
         while True:
             self.receive(parent_pid)
             batch = self.schedule()
@@ -87,10 +109,21 @@ class Scheduler:
             self.process_results(batch, results)
 
     def receive(self, parent_pid: int) -> None:
+        """Wait for something to do (rank 0 reads the channel and shares it), then apply it."""
+        inbox = self.collect(parent_pid) if self.is_leader else None
+        if self.tp is not None:
+            if not self.is_leader and not self.has_work() and not self.grammars.pending:
+                self.on_idle()
+            inbox = self.tp.share_inbox(inbox)
+        assert inbox is not None
+        self.apply(inbox)
+
+    def collect(self, parent_pid: int) -> Inbox:
+        """Rank 0: messages and finished grammar compiles; blocks while there is nothing to do."""
         assert self.channel is not None
         msgs = self.channel.recv_all()
-        self.admit_compiled()
-        while not msgs and not self.has_work():
+        ready, failed = self.grammars.scan()
+        while not msgs and not ready and not failed and not self.has_work():
             compiling = bool(self.grammars.pending)
             if not compiling:
                 self.on_idle()
@@ -99,19 +132,20 @@ class Scheduler:
                 msgs.append(msg)
             elif not parent_alive(parent_pid):
                 raise SystemExit("parent process is gone")
-            self.admit_compiled()
-        for msg in msgs:
-            self.handle(msg)
+            ready, failed = self.grammars.scan()
+        return Inbox(ready, failed, [encode(m) for m in msgs])
 
-    def admit_compiled(self) -> None:
-        """Constrained requests whose grammar compiled join the waiting queue; failures answer."""
-        if not self.grammars.pending:
-            return
-        ready, failed = self.grammars.poll()
-        self.waiting += ready
-        for req, message in failed:
-            req.finish = FinishReason("abort", message=message, status=400)
-        self.emit([req for req, _ in failed])
+    def apply(self, inbox: Inbox) -> None:
+        """Constrained requests whose grammar compiled join the waiting queue, failures answer;
+        then the messages, in order."""
+        if inbox.ready or inbox.failed:
+            ready, failed = self.grammars.take(inbox.ready, inbox.failed)
+            self.waiting += ready
+            for req, message in failed:
+                req.finish = FinishReason("abort", message=message, status=400)
+            self.emit([req for req, _ in failed])
+        for data in inbox.msgs:
+            self.handle(decode(data))
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked)
@@ -317,22 +351,28 @@ class Scheduler:
 
 
 def run_scheduler_process(
-    config: EngineConfig, model_path: str, ends: Endpoints, parent: int
+    config: EngineConfig, model_path: str, ends: Endpoints, parent: int, tp_rank: int = 0
 ) -> None:
-    """Entry point of the scheduler child process."""
+    """Entry point of a scheduler child process (tensor-parallel rank `tp_rank`)."""
 
-    def start(channel: Channel) -> tuple[Scheduler, dict[str, Any]]:
+    def start(channel: Channel | None) -> tuple[Scheduler, dict[str, Any]]:
         t0 = time.perf_counter()
-        scheduler = Scheduler(config, Path(model_path), channel)
+        tp = None
+        if config.tp_size > 1:
+            tp = init_tp_group(tp_rank, config.tp_size, config.resolved_device, ends.tp_init)
+        scheduler = Scheduler(config, Path(model_path), channel, tp)
         info = {
             "max_total_tokens": scheduler.max_total_tokens,
             "page_size": scheduler.runner.page_size,
             "load_seconds": round(time.perf_counter() - t0, 2),
             "pid": os.getpid(),
+            "tp_size": config.tp_size,
         }
         return scheduler, info
 
-    peers = {"detokenizer": ends.detokenizer, "engine": ends.engine}
-    run_child(
-        "scheduler", config.log_level, ends.scheduler, peers, start, lambda s: s.run_forever(parent)
-    )
+    if tp_rank == 0:
+        peers = {"detokenizer": ends.detokenizer, "engine": ends.engine}
+        name, listen = "scheduler", ends.scheduler
+    else:
+        peers, name, listen = {}, f"scheduler-{tp_rank}", None
+    run_child(name, config.log_level, listen, peers, start, lambda s: s.run_forever(parent))

@@ -8,6 +8,7 @@ from weft.runtime.loader.default_model import INSTALL_HINT, REINSTALL_COMMAND, p
 from weft.runtime.loader.gguf_convert import convert_gguf
 from weft.runtime.loader.gguf_header import CorruptGGUFError
 from weft.runtime.loader.weights import (
+    iterate_weight_slices,
     iterate_weights,
     load_tokenizer,
     read_hf_config,
@@ -18,6 +19,7 @@ __all__ = [
     "INSTALL_HINT",
     "CorruptGGUFError",
     "convert_gguf",
+    "iterate_weight_slices",
     "iterate_weights",
     "load_tokenizer",
     "read_hf_config",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -57,6 +57,40 @@ def iterate_weights(
                     raise ValueError(f"{folder}: tensor {name!r} appears in more than one file")
                 seen.add(name)
                 yield name, f.get_tensor(name)
+
+
+class SafetensorsSlice:
+    """One tensor of an open safetensors file, read slice by slice (a rank reads only its part)."""
+
+    def __init__(self, handle: Any, name: str, device: torch.device) -> None:
+        self._handle = handle
+        self._slice = handle.get_slice(name)
+        self.shape = tuple(self._slice.get_shape())
+        self.name = name
+        self.device = device
+
+    def read(self, dim: int, start: int, size: int) -> torch.Tensor:
+        """Elements [start, start + size) along dim; dim -1: the whole tensor."""
+        if dim < 0:
+            return self._handle.get_tensor(self.name).to(self.device)
+        index: list[slice] = [slice(None)] * len(self.shape)
+        index[dim] = slice(start, start + size)
+        return self._slice[tuple(index)].to(self.device)
+
+
+def iterate_weight_slices(
+    folder: Path, device: str | torch.device = "cpu"
+) -> Iterator[tuple[str, SafetensorsSlice]]:
+    """Like iterate_weights, but yields lazy tensors: nothing is read until `read` is called,
+    which must happen before the next item is requested (the file closes after its last one)."""
+    seen: set[str] = set()
+    for file in safetensors_files(folder):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if name in seen:
+                    raise ValueError(f"{folder}: tensor {name!r} appears in more than one file")
+                seen.add(name)
+                yield name, SafetensorsSlice(f, name, torch.device(device))
 
 
 def read_hf_config(folder: Path) -> PretrainedConfig:

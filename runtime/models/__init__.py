@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
 from weft.runtime.models.layers import RotaryEmbedding
 from weft.runtime.models.llama import LlamaForCausalLM
+from weft.runtime.models.parallel import TPInfo, check_tp
+from weft.runtime.models.weights import dummy_weights
 
 # architecture name in config.json -> (model class, model_type values it covers)
 _ARCHITECTURES: dict[str, type[LlamaForCausalLM]] = {
@@ -36,15 +37,22 @@ def model_class(config: Any) -> type[LlamaForCausalLM]:
 
 
 def build_model(
-    config: Any, max_positions: int, device: torch.device, dtype: torch.dtype
+    config: Any,
+    max_positions: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    tp: TPInfo | None = None,
 ) -> LlamaForCausalLM:
-    """Create the model with uninitialised weights directly on `device` in `dtype`."""
+    """Create the model (this rank's shard of it) with uninitialised weights directly on `device`
+    in `dtype`."""
     cls = model_class(config)
+    tp = tp or TPInfo()
+    check_tp(config, tp.size)
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device("meta"):
-            model = cls(config, max_positions)
+            model = cls(config, max_positions, tp)
     finally:
         torch.set_default_dtype(old)
     model = model.to_empty(device=device)
@@ -57,16 +65,19 @@ def build_model(
 
 
 @torch.no_grad()
-def init_dummy_weights(model: nn.Module, seed: int, std: float = 0.02) -> None:
-    """Random weights of the right shapes (benchmarks without real checkpoints): N(0, std), norms 1."""
-    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    for name, param in model.named_parameters():
-        if name.endswith("norm.weight") or "layernorm" in name:
-            param.fill_(1.0)
-        elif name.endswith(".bias"):
-            param.zero_()
-        else:
-            param.normal_(0.0, std, generator=gen)
+def init_dummy_weights(model: LlamaForCausalLM, seed: int, std: float = 0.02) -> None:
+    """Random weights of the right shapes (benchmarks without real checkpoints): N(0, std), norms 1.
+
+    Generated per checkpoint tensor and then sharded, so tp_size never changes the weights."""
+    param = next(model.parameters())
+    shapes = model.checkpoint_shapes()
+    model.load_weights(dummy_weights(shapes, seed, param.device, param.dtype, std))
 
 
-__all__ = ["LlamaForCausalLM", "build_model", "init_dummy_weights", "model_class"]
+__all__ = [
+    "LlamaForCausalLM",
+    "TPInfo",
+    "build_model",
+    "init_dummy_weights",
+    "model_class",
+]

@@ -11,15 +11,29 @@ from torch import nn
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch
 from weft.runtime.models.layers import RMSNorm, RotaryEmbedding, rope_parameters, silu_and_mul
+from weft.runtime.models.parallel import (
+    ParallelLMHead,
+    TPInfo,
+    VocabParallelEmbedding,
+    even_split,
+    head_shard,
+)
+from weft.runtime.models.weights import Placement, Weight, load_weights
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: Any, layer: int, max_positions: int) -> None:
+    """Attention over this rank's heads: QKV column-split by GQA group, o_proj row-split."""
+
+    def __init__(self, config: Any, layer: int, max_positions: int, tp: TPInfo) -> None:
         super().__init__()
         self.layer = layer
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.tp = tp
         self.head_dim = head_dim_of(config)
+        self.shard = head_shard(
+            config.num_attention_heads, num_kv_heads_of(config), tp.size, tp.rank
+        )
+        self.num_heads = self.shard.q_count
+        self.num_kv_heads = self.shard.kv_count
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
@@ -44,27 +58,30 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(batch.positions, q, k)
         out = attn.forward(q, k, v, self.layer, batch, self.scale, self.sliding_window)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: Any) -> None:
+    """SwiGLU over this rank's columns: gate/up column-split, down row-split."""
+
+    def __init__(self, config: Any, tp: TPInfo) -> None:
         super().__init__()
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
-        inter = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * inter, bias=False)
-        self.down_proj = nn.Linear(inter, config.hidden_size, bias=False)
+        self.tp = tp
+        self.start, self.inter = even_split(config.intermediate_size, tp.size, tp.rank)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.inter, bias=False)
+        self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.tp.all_reduce(self.down_proj(silu_and_mul(self.gate_up_proj(x))))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer: int, max_positions: int) -> None:
+    def __init__(self, config: Any, layer: int, max_positions: int, tp: TPInfo) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer, max_positions)
-        self.mlp = LlamaMLP(config)
+        self.self_attn = LlamaAttention(config, layer, max_positions, tp)
+        self.mlp = LlamaMLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -76,17 +93,19 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Parameter names follow HF checkpoints, except q/k/v and gate/up, which are fused on load."""
 
-    def __init__(self, config: Any, max_positions: int) -> None:
+    def __init__(self, config: Any, max_positions: int, tp: TPInfo | None = None) -> None:
         super().__init__()
+        tp = tp or TPInfo()
         self.config = config
+        self.tp = tp
         self.vocab_size = config.vocab_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, max_positions) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, max_positions, tp) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -98,51 +117,51 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden: [N, hidden] -> [N, V] float32
-        return self.lm_head(hidden).float()
+        # hidden: [N, hidden] -> [N, V] float32 (gathered from every rank's vocab rows)
+        return self.lm_head(hidden)
 
     ##### Weights #####
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors in, fusing q/k/v and gate/up; every parameter must be set."""
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        for hf_name, tensor in weights:
-            target = _map_name(hf_name)
-            if target is None:
-                continue
-            name, shard = target
-            if name == "lm_head.weight" and self.tie_word_embeddings:
-                continue  # some tied checkpoints store the shared matrix twice
-            if name not in params:
-                raise ValueError(f"checkpoint tensor {hf_name!r} has no place in this model")
-            param = params[name]
-            with torch.no_grad():
-                dst = self._shard_view(param, name, shard)
-                if dst.shape != tensor.shape:
-                    raise ValueError(
-                        f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
-                        f"expected {tuple(dst.shape)}"
-                    )
-                dst.copy_(tensor)
-            loaded.add(f"{name}:{shard}")
-        missing = [n for n in self._expected_keys() if n not in loaded]
-        if missing:
-            raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
+        """Copy this rank's slice of each HF-named tensor in, fusing q/k/v and gate/up; every
+        parameter must be set. Lazy tensors are read slice by slice."""
+        if self.vocab_padded:
+            with torch.no_grad():  # rows past the vocabulary stay zero
+                self.embed_tokens.weight.zero_()
+                self.lm_head.weight.zero_()
+        load_weights(self, weights, self._placement, self._expected_keys())
 
-    def _shard_view(self, param: torch.Tensor, name: str, shard: str) -> torch.Tensor:
+    @property
+    def vocab_padded(self) -> bool:
+        return self.embed_tokens.count < self.embed_tokens.per_rank
+
+    def _placement(self, name: str, shard: str, param: torch.Tensor) -> Placement:
         layer = self.layers[0]
         assert isinstance(layer, LlamaDecoderLayer)
-        attn = layer.self_attn
-        if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
-            offsets = {"q": (0, attn.q_size), "k": (attn.q_size, attn.kv_size)}
-            offsets["v"] = (attn.q_size + attn.kv_size, attn.kv_size)
-            start, size = offsets[shard]
-            return param.narrow(0, start, size)
-        if name.endswith("gate_up_proj.weight"):
-            inter = param.shape[0] // 2
-            return param.narrow(0, 0 if shard == "gate" else inter, inter)
-        return param
+        attn, mlp, d = layer.self_attn, layer.mlp, layer.self_attn.head_dim
+        hidden = self.config.hidden_size
+        heads, kv_heads = self.config.num_attention_heads, num_kv_heads_of(self.config)
+        h = attn.shard
+        suffix = name.rsplit(".", 1)[-1]
+        cols = (hidden,) if suffix == "weight" else ()
+        if "qkv_proj" in name:
+            q, kv = h.q_count * d, h.kv_count * d
+            if shard == "q":
+                return Placement((heads * d, *cols), 0, h.q_start * d, q, 0)
+            offset = q if shard == "k" else q + kv
+            return Placement((kv_heads * d, *cols), 0, h.kv_start * d, kv, offset)
+        if "gate_up_proj" in name:
+            full = self.config.intermediate_size
+            dst = 0 if shard == "gate" else mlp.inter
+            return Placement((full, hidden), 0, mlp.start, mlp.inter, dst)
+        if name.endswith("o_proj.weight"):
+            return Placement((hidden, heads * d), 1, h.q_start * d, h.q_count * d)
+        if name.endswith("down_proj.weight"):
+            return Placement((hidden, self.config.intermediate_size), 1, mlp.start, mlp.inter)
+        if name in ("embed_tokens.weight", "lm_head.weight"):
+            emb = self.embed_tokens
+            return Placement((self.vocab_size, hidden), 0, emb.start, emb.count)
+        return Placement(tuple(param.shape))
 
     def _expected_keys(self) -> list[str]:
         keys: list[str] = []
@@ -155,27 +174,37 @@ class LlamaForCausalLM(nn.Module):
                 keys.append(f"{name}:")
         return keys
 
+    def checkpoint_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """The HF-named tensors (full, unsharded shapes) a checkpoint of this model holds."""
+        out: list[tuple[str, tuple[int, ...]]] = []
+        for name, param in self.named_parameters():
+            if name == "lm_head.weight" and self.tie_word_embeddings:
+                continue
+            hf = name if name.startswith("lm_head") else f"model.{name}"
+            for shard in _shards_of(name):
+                part = _unfuse(hf, shard)
+                out.append((part, self._placement(name, shard, param).full_shape))
+        return out
 
-_FUSED = {
-    "q_proj": ("qkv_proj", "q"),
-    "k_proj": ("qkv_proj", "k"),
-    "v_proj": ("qkv_proj", "v"),
-    "gate_proj": ("gate_up_proj", "gate"),
-    "up_proj": ("gate_up_proj", "up"),
-}
+
+def _shards_of(name: str) -> tuple[str, ...]:
+    if "qkv_proj" in name:
+        return ("q", "k", "v")
+    if "gate_up_proj" in name:
+        return ("gate", "up")
+    return ("",)
 
 
-def _map_name(hf_name: str) -> tuple[str, str] | None:
-    """HF checkpoint name -> (our parameter name, shard); None for tensors we do not use."""
-    if "rotary_emb.inv_freq" in hf_name:
-        return None
-    name = hf_name.removeprefix("model.")
-    parts = name.split(".")
-    for i, part in enumerate(parts):
-        if part in _FUSED:
-            fused, shard = _FUSED[part]
-            return ".".join(parts[:i] + [fused] + parts[i + 1 :]), shard
-    return name, ""
+def _unfuse(hf_name: str, shard: str) -> str:
+    """The checkpoint name of one part of a fused parameter (qkv_proj + "k" -> k_proj)."""
+    if not shard:
+        return hf_name
+    fused = "qkv_proj" if shard in ("q", "k", "v") else "gate_up_proj"
+    return hf_name.replace(fused, f"{shard}_proj")
+
+
+def num_kv_heads_of(config: Any) -> int:
+    return int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
 
 
 def head_dim_of(config: Any) -> int:

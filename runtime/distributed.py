@@ -1,0 +1,114 @@
+"""The tensor-parallel group of the scheduler processes: torch.distributed set-up and the few
+collectives the scheduler itself needs (sharing rank 0's inbox, agreeing on sizes and tokens)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import torch
+import torch.distributed as dist
+
+from weft.runtime.models.parallel import TPInfo
+
+logger = logging.getLogger(__name__)
+
+# Followers wait in a broadcast for rank 0's next inbox, however long the server idles; a dead
+# rank is noticed by the launcher, which stops the whole runtime (no one hangs on a collective).
+CONTROL_TIMEOUT = timedelta(days=365)
+
+
+class Inbox(msgspec.Struct, frozen=True):
+    """What rank 0 received in one loop turn, in the order every rank applies it: grammars that
+    compiled (indices into the grammar queue) or failed (index, reason), then the messages."""
+
+    ready: list[int]
+    failed: list[tuple[int, str]]
+    msgs: list[bytes]
+
+
+_INBOX = msgspec.msgpack.Encoder()
+_INBOX_DEC = msgspec.msgpack.Decoder(Inbox)
+
+
+@dataclass
+class TPGroup:
+    """torch.distributed over the scheduler processes. The model's collectives run on `device_group`
+    (NCCL on CUDA, gloo on CPU); the scheduler's control traffic on `cpu_group` (gloo)."""
+
+    rank: int
+    size: int
+    device: torch.device
+    device_group: Any
+    cpu_group: Any
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def model_info(self) -> TPInfo:
+        return TPInfo(self.rank, self.size, self.device_group)
+
+    def share_inbox(self, inbox: Inbox | None) -> Inbox:
+        """Rank 0 passes its inbox; every rank returns it."""
+        data = _INBOX.encode(inbox) if self.is_leader else None
+        return _INBOX_DEC.decode(self.broadcast_bytes(data))
+
+    def broadcast_bytes(self, data: bytes | None) -> bytes:
+        size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
+        dist.broadcast(size, src=0, group=self.cpu_group)
+        if self.is_leader:
+            assert data is not None
+            buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        else:
+            buf = torch.empty(int(size.item()), dtype=torch.uint8)
+        if buf.numel():
+            dist.broadcast(buf, src=0, group=self.cpu_group)
+        return buf.numpy().tobytes()
+
+    def min_int(self, value: int) -> int:
+        """The smallest of every rank's value (e.g. KV pages that fit on every GPU)."""
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.cpu_group)
+        return int(t.item())
+
+    def broadcast_tokens(self, ids: torch.Tensor) -> None:
+        """Rank 0's sampled tokens to every rank, in place (all ranks must agree bit for bit)."""
+        dist.broadcast(ids, src=0, group=self.device_group)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init_tp_group(rank: int, size: int, device_type: str, init_method: str) -> TPGroup:
+    """Join the group (blocks until all `size` ranks arrived). CUDA: rank r uses GPU r."""
+    if device_type == "cuda":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    kwargs: dict[str, Any] = {}
+    if backend == "nccl":
+        kwargs["device_id"] = device
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=size,
+        timeout=CONTROL_TIMEOUT,
+        **kwargs,
+    )
+    cpu_group = (
+        dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+        if backend == "nccl"
+        else dist.group.WORLD
+    )
+    logger.info("tensor-parallel rank %d of %d on %s (%s)", rank, size, device, backend)
+    return TPGroup(rank, size, device, dist.group.WORLD, cpu_group)

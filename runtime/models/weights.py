@@ -1,0 +1,130 @@
+"""HF-named checkpoint tensors into our (fused, tensor-parallel) parameters; dummy checkpoints."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+_FUSED = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", "gate"),
+    "up_proj": ("gate_up_proj", "up"),
+}
+
+
+class LazyWeight(Protocol):
+    """A checkpoint tensor not read yet: its shape, and a way to read one slice of it."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def read(self, dim: int, start: int, size: int) -> torch.Tensor:
+        """Elements [start, start + size) along dim; dim -1: the whole tensor."""
+        ...
+
+
+Weight = torch.Tensor | LazyWeight
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a checkpoint tensor goes: the slice [start, start + size) along `dim` (-1: all of it)
+    of a tensor of `full_shape`, copied to rows [dst_start, ...) of our (fused) parameter."""
+
+    full_shape: tuple[int, ...]
+    dim: int = -1
+    start: int = 0
+    size: int = 0
+    dst_start: int = 0
+
+
+def map_name(hf_name: str) -> tuple[str, str] | None:
+    """HF checkpoint name -> (our parameter name, shard); None for tensors we do not use."""
+    if "rotary_emb.inv_freq" in hf_name:
+        return None
+    name = hf_name.removeprefix("model.")
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part in _FUSED:
+            fused, shard = _FUSED[part]
+            return ".".join(parts[:i] + [fused] + parts[i + 1 :]), shard
+    return name, ""
+
+
+def _read(src: Weight, place: Placement) -> torch.Tensor:
+    if place.dim < 0:
+        return src if isinstance(src, torch.Tensor) else src.read(-1, 0, 0)
+    if isinstance(src, torch.Tensor):
+        return src.narrow(place.dim, place.start, place.size)
+    return src.read(place.dim, place.start, place.size)
+
+
+def load_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, Weight]],
+    place: Callable[[str, str, torch.Tensor], Placement],
+    expected: list[str],
+) -> None:
+    """Copy each HF-named tensor's slice for this rank into its parameter; every expected
+    `name:shard` key must be set. `place(name, shard, param)` gives the Placement."""
+    params = dict(model.named_parameters())
+    tied = bool(getattr(model, "tie_word_embeddings", False))
+    loaded: set[str] = set()
+    for hf_name, src in weights:
+        target = map_name(hf_name)
+        if target is None:
+            continue
+        name, shard = target
+        if name == "lm_head.weight" and tied:
+            continue  # some tied checkpoints store the shared matrix twice
+        if name not in params:
+            raise ValueError(f"checkpoint tensor {hf_name!r} has no place in this model")
+        param = params[name]
+        p = place(name, shard, param)
+        if tuple(src.shape) != p.full_shape:
+            raise ValueError(
+                f"checkpoint tensor {hf_name!r} has shape {tuple(src.shape)}, "
+                f"expected {p.full_shape}"
+            )
+        data = _read(src, p)
+        with torch.no_grad():
+            dst = param.narrow(0, p.dst_start, data.shape[0])
+            if dst.shape != data.shape:
+                raise ValueError(
+                    f"checkpoint tensor {hf_name!r}: slice {tuple(data.shape)} does not fit "
+                    f"{tuple(dst.shape)}"
+                )
+            dst.copy_(data)
+        loaded.add(f"{name}:{shard}")
+    missing = [n for n in expected if n not in loaded]
+    if missing:
+        raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+
+
+def dummy_weights(
+    shapes: Iterable[tuple[str, tuple[int, ...]]],
+    seed: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    std: float = 0.02,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """A random checkpoint: N(0, std) matrices, unit norms, zero biases. Each tensor depends only
+    on (seed, name), so every tensor-parallel layout of the same model gets the same weights."""
+    for name, shape in shapes:
+        if name.endswith("norm.weight") or "layernorm" in name:
+            yield name, torch.ones(shape, dtype=dtype, device=device)
+        elif name.endswith(".bias"):
+            yield name, torch.zeros(shape, dtype=dtype, device=device)
+        else:
+            gen = torch.Generator(device=device).manual_seed(
+                seed * 1_000_003 + zlib.crc32(name.encode())
+            )
+            out = torch.empty(shape, dtype=dtype, device=device)
+            yield name, out.normal_(0.0, std, generator=gen)
