@@ -1,122 +1,251 @@
-"""Offline throughput: weft.Engine vs HF transformers `generate` on the same prompts, in one run.
+"""Offline weft.Engine benchmarks: throughput vs HF, prefix sharing, constrained decoding, ablations.
 
-    python benchmarks/offline.py [--model PATH] [--num-prompts 16] [--new-tokens 64]
+    python benchmarks/offline.py                  # chat: CPU, packaged SmolLM2 vs HF, concurrency 1 / 16
+    python benchmarks/offline.py --mode all       # the H200 suite on the Llama-3.1-8B config (~8 min)
+    python benchmarks/offline.py --mode offline --num-prompts 200 --input-len 512 --output-len 256
 
-Greedy decoding, fixed output length (ignore_eos), concurrency 1 (one request at a time) and
-concurrency N (all prompts at once; HF gets one left-padded batch). Prints output tokens/s of each
-and the ratio weft / HF. CPU by default (fp32); on CUDA both run in bfloat16.
+Modes other than chat run on `--model` (default benchmarks/configs/llama-3.1-8b) with dummy random
+weights; a folder without a tokenizer gets a synthetic byte-level one of the config's vocabulary size.
+Prompts are random token ids of fixed length; greedy; output lengths fixed with ignore_eos.
+  offline      N requests submitted at once: output tok/s. HF transformers `generate` (static cache,
+               batch 64, random weights of the same config) on the first requests: weft / HF.
+  prefix       G groups × R requests sharing a P-token prefix (+ Q-token question, O outputs), and
+               requests with no shared prefix; radix cache on, then off (two engines): on / off.
+  constrained  a batch of JSON-schema requests, then the same prompts unconstrained with the same
+               per-request output lengths: time per output token and the overhead.
+  ablations    one workload on the default engine and on variants: CUDA graphs off, Triton vs
+               FlashInfer (both eager), any --variant.
+  all          every mode above, scaled to fit --budget-s (printed); one engine per configuration.
+Each run measures the copy bandwidth (the memory ceiling) and ends with markdown tables.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import shlex
+import sys
+import tempfile
 import time
+import traceback
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
+from bench_utils import copy_bandwidth, device_name, model_folder
+from offline_jobs import RunResult, hf_peer
+from offline_plan import MODES, EngineSpec, Plan, build_plan, parse_kv
+from offline_report import report
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+SPENT = "skipped: time budget spent"
+# flag: (default, in --mode all) — the issue's sizes, and what fits the 8-minute H200 run
+SCALED = {"num_prompts": (1000, 500), "groups": (64, 16), "noshare_prompts": (128, 64)}
 
-import weft  # noqa: E402
-
-TOPICS = [
-    "the history of the printing press",
-    "how bees communicate",
-    "why the sky is blue",
-    "the rules of chess",
-    "a recipe for bread",
-    "the water cycle",
-    "how a compiler works",
-    "the life of a star",
-]
+##### Running the plan #####
 
 
-def make_prompts(tokenizer: Any, n: int) -> list[str]:
-    prompts = []
-    for i in range(n):
-        msg = [{"role": "user", "content": f"Explain {TOPICS[i % len(TOPICS)]} (part {i})."}]
-        prompts.append(
-            tokenizer.apply_chat_template(msg, tokenize=False, add_generation_prompt=True)
-        )
-    return prompts
+class Runner:
+    """Runs the plan's engines (and the HF peer) one at a time within the time budget: no step
+    starts after --budget-s; requests still running --grace-s later are aborted."""
+
+    def __init__(self, args: argparse.Namespace, plan: Plan, meta: dict[str, Any]) -> None:
+        self.args, self.plan, self.meta = args, plan, meta
+        self.soft = args.t0 + args.budget_s
+        self.hard = self.soft + args.grace_s
+        self.results: list[RunResult] = []
+        meta["engines"] = []
+
+    def steps(self) -> list[EngineSpec | None]:
+        """Engines in plan order, then the HF peer (None): the step whose time is least known
+        (transformers may torch.compile for minutes) goes last, cut at the hard deadline."""
+        return [*self.plan.engines.values(), *([None] if self.args.hf else [])]
+
+    def run(self) -> list[RunResult]:
+        for step in self.steps():
+            if step is None:
+                self.run_hf()
+            else:
+                self.run_engine(step)
+            self.write()
+        self.results += self.plan.skipped
+        return self.results
+
+    def run_hf(self) -> None:
+        label = "HF transformers generate"
+        if self.over_budget():
+            return self.add(RunResult("offline", "hf", label, "HF", "", error=SPENT))
+        self.log("HF transformers peer")
+        try:
+            work = self.args.offline_work.head(self.args.hf_num_prompts)
+            args = self.args
+            self.add(hf_peer(args.folder, work, args.hf_batch, args.hf_compile, self.hard))
+        except Exception as e:
+            traceback.print_exc()
+            self.add(RunResult("offline", "hf", label, "HF", "", error=f"{type(e).__name__}: {e}"))
+
+    def run_engine(self, spec: EngineSpec) -> None:
+        import weft
+
+        if self.over_budget():
+            return self.fail_all(spec, SPENT)
+        self.log(f"starting engine [{spec.label}]")
+        t0 = time.perf_counter()
+        try:
+            engine = weft.Engine(**spec.kwargs)
+        except Exception as e:
+            traceback.print_exc()
+            return self.fail_all(spec, f"engine failed: {type(e).__name__}: {e}")
+        info = {"engine": spec.label, "start_s": time.perf_counter() - t0, **engine.server_info}
+        self.meta["engines"].append(info)
+        self.log(f"ready in {info['start_s']:.1f} s: {json.dumps(engine.server_info)}")
+        try:
+            for section, key, job in spec.jobs:
+                if self.over_budget():
+                    self.add(RunResult(section, key, key, spec.label, "", error=SPENT))
+                    continue
+                try:
+                    for r in job(engine, self.hard, spec.label):
+                        self.add(r)
+                except Exception as e:
+                    traceback.print_exc()
+                    error = f"{type(e).__name__}: {e}"
+                    self.add(RunResult(section, key, key, spec.label, "", error=error))
+                self.write()
+        finally:
+            engine.shutdown()
+
+    def fail_all(self, spec: EngineSpec, error: str) -> None:
+        for section, key, _ in spec.jobs:
+            self.add(RunResult(section, key, key, spec.label, "", error=error))
+
+    def over_budget(self) -> bool:
+        return time.monotonic() >= self.soft
+
+    def add(self, r: RunResult) -> None:
+        self.results.append(r)
+        shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in r.to_dict().items()}
+        shown.pop("output_lengths", None)
+        print("  " + json.dumps(shown, ensure_ascii=False), flush=True)
+
+    def log(self, text: str) -> None:
+        print(f"[{time.monotonic() - self.args.t0:6.1f} s] {text}", flush=True)
+
+    def write(self) -> None:
+        """The JSON results and markdown so far (a run cut off by a time limit still leaves them)."""
+        if self.args.output_file:
+            text = report(self.meta, self.results)
+            results = [r.to_dict() for r in self.results]
+            out = {**self.meta, "results": results, "markdown": text}
+            Path(self.args.output_file).write_text(json.dumps(out, indent=2, ensure_ascii=False))
 
 
-def bench_weft(engine: Any, prompts: list[str], new_tokens: int, concurrency: int) -> float:
-    params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
-    engine.generate(prompts[0], {**params, "max_new_tokens": 4})  # warm-up
-    engine.flush_cache()
-    start = time.perf_counter()
-    done = 0
-    for i in range(0, len(prompts), concurrency):
-        outs = engine.generate(prompts[i : i + concurrency], params)
-        done += sum(o["meta_info"]["completion_tokens"] for o in outs)
-    elapsed = time.perf_counter() - start
-    assert done == len(prompts) * new_tokens
-    return done / elapsed
+##### CLI #####
 
 
-def bench_hf(
-    model: Any, tokenizer: Any, prompts: list[str], new_tokens: int, concurrency: int
-) -> float:
-    tokenizer.padding_side = "left"
-    device = next(model.parameters()).device
-    done = 0
-    start = time.perf_counter()
-    for i in range(0, len(prompts), concurrency):
-        batch = tokenizer(prompts[i : i + concurrency], return_tensors="pt", padding=True).to(
-            device
-        )
-        with torch.no_grad():
-            out = model.generate(
-                **batch,
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-                pad_token_id=tokenizer.pad_token_id or 0,
-            )
-        done += (out.shape[1] - batch["input_ids"].shape[1]) * out.shape[0]
-    return done / (time.perf_counter() - start)
-
-
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--model", default=None, help="HF folder or .gguf (default: packaged SmolLM2)")
-    ap.add_argument("--num-prompts", type=int, default=16)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    args = ap.parse_args()
 
-    engine = weft.Engine(args.model)
-    try:
-        tokenizer = engine.tokenizer
-        prompts = make_prompts(tokenizer, args.num_prompts)
-        results: dict[str, Any] = {"torch_threads": torch.get_num_threads()}
-        for c in args.concurrency:
-            results[f"weft_c{c}"] = bench_weft(engine, prompts, args.new_tokens, c)
-        model_path = engine.model_path
-    finally:
-        engine.shutdown()
+    def opt(group: Any, flag: str, default: Any, text: str = "", **kw: Any) -> None:
+        shown = "" if default is None or isinstance(default, bool) else " (default: %(default)s)"
+        group.add_argument(flag, default=default, help=text + shown, **kw)
+
+    run = ap.add_argument_group("run")
+    opt(run, "--mode", "chat", "what to measure (see above)", choices=MODES)
+    opt(run, "--model", None, "chat: HF folder or .gguf (default: SmolLM2); else a config folder "
+        "(default: benchmarks/configs/llama-3.1-8b)")  # fmt: skip
+    opt(run, "--load-format", "dummy", "weights for the non-chat modes", choices=["dummy", "auto"])
+    opt(run, "--engine-arg", [], "an EngineConfig field for every engine", action="append",
+        metavar="KEY=VALUE")  # fmt: skip
+    opt(run, "--budget-s", 420.0, "start no step after this many seconds", type=float)
+    opt(run, "--grace-s", 60.0, "abort requests still running this long after", type=float)
+    opt(run, "--seed", 0, "seed of the random prompts", type=int)
+    opt(run, "--output-file", None, "JSON results + markdown, rewritten after each step")
+    off = ap.add_argument_group("offline (and chat)")
+    opt(off, "--num-prompts", None, "requests (offline 1000, 500 in all; chat 16)", type=int)
+    opt(off, "--input-len", 1000, "prompt tokens", type=int)
+    opt(off, "--output-len", 1000, "output tokens", type=int)
+    opt(off, "--no-hf", True, "skip the HF transformers peer", dest="hf", action="store_false")
+    opt(off, "--hf-num-prompts", 64, "HF: the first N offline requests", type=int)
+    opt(off, "--hf-batch", 64, "HF: requests per generate call", type=int)
+    opt(off, "--hf-compile", "auto", "auto: transformers' own choice", choices=["auto", "off"])
+    opt(off, "--new-tokens", 64, "chat: output tokens", type=int)
+    opt(off, "--concurrency", [1, 16], "chat: a run each", type=int, nargs="+")
+    pre = ap.add_argument_group("prefix")
+    opt(pre, "--groups", None, "G groups sharing a prefix (64; 16 in all)", type=int)
+    opt(pre, "--group-size", 16, "R requests per group", type=int)
+    opt(pre, "--prefix-len", 2048, "P shared tokens", type=int)
+    opt(pre, "--question-len", 128, "Q own tokens per request", type=int)
+    opt(pre, "--prefix-output-len", 256, "O output tokens", type=int)
+    opt(
+        pre, "--noshare-prompts", None, "requests of P+Q unshared tokens (128; 64 in all)", type=int
+    )
+    con = ap.add_argument_group("constrained")
+    opt(con, "--constrained-batch", 32, "JSON-schema requests", type=int)
+    opt(con, "--constrained-input-len", 256, "prompt tokens", type=int)
+    opt(con, "--constrained-max-tokens", 256, "max_new_tokens", type=int)
+    abl = ap.add_argument_group("ablations")
+    opt(abl, "--ablation-prompts", 64, "requests", type=int)
+    opt(abl, "--ablation-input-len", 512, "prompt tokens", type=int)
+    opt(abl, "--ablation-output-len", 256, "output tokens", type=int)
+    opt(abl, "--ablation-backends", ["triton", "flashinfer"], "eager backends", nargs="*")
+    opt(abl, "--variant", [], "another engine, e.g. 'lpm:schedule_policy=lpm'", action="append",
+        metavar="NAME:KEY=VALUE,...")  # fmt: skip
+    args = ap.parse_args(argv)
+    args.engine_arg = parse_kv(args.engine_arg)
+    args.scaled = []
+    if args.mode == "chat":
+        args.num_prompts = args.num_prompts or 16
+        return args
+    for name, (full, in_all) in SCALED.items():
+        if getattr(args, name) is None:
+            value = in_all if args.mode == "all" else full
+            setattr(args, name, value)
+            if value != full:
+                args.scaled.append(f"--{name.replace('_', '-')} {full} → {value}")
+    args.model = args.model or str(REPO / "benchmarks/configs/llama-3.1-8b")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if args.mode == "chat":
+        from offline_chat import run_chat
+
+        run_chat(args)
+        return 0
+    args.t0 = time.monotonic()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    hf = (
-        transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
-    )
-    hf_tok = transformers.AutoTokenizer.from_pretrained(model_path)
-    for c in args.concurrency:
-        bench_hf(hf, hf_tok, prompts[:c], 4, c)  # warm-up
-        results[f"hf_c{c}"] = bench_hf(hf, hf_tok, prompts, args.new_tokens, c)
-        results[f"ratio_c{c}"] = results[f"weft_c{c}"] / results[f"hf_c{c}"]
-    print(
-        json.dumps(
-            {k: round(v, 2) if isinstance(v, float) else v for k, v in results.items()}, indent=2
-        )
-    )
+    if device == "cuda":
+        bandwidth = copy_bandwidth()
+        torch.cuda.empty_cache()  # the engines size their KV pools from the free memory
+    else:
+        bandwidth = copy_bandwidth(256 << 20, 5, "cpu")
+    meta: dict[str, Any] = {
+        "command": shlex.join(["python", "benchmarks/offline.py", *argv]),
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "device": device_name(), "copy_GBps": bandwidth / 1e9, "model": args.model,
+        "scaled": args.scaled, "budget_s": args.budget_s, "torch": torch.__version__,
+    }  # fmt: skip
+    print(f"{meta['device']}: copy bandwidth {meta['copy_GBps']:,.0f} GB/s (read + write)")
+    for line in args.scaled:
+        print(f"scaled down for --mode all: {line}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="weft-bench-") as tmp:
+        folder, meta["tokenizer"] = model_folder(args.model, Path(tmp))
+        args.folder = str(folder)
+        plan = build_plan(args, device, json.loads((folder / "config.json").read_text()))
+        args.hf = args.hf and args.mode in ("offline", "all")
+        runner = Runner(args, plan, meta)
+        results = runner.run()
+    meta["elapsed_s"] = time.monotonic() - args.t0
+    runner.write()
+    print("\n" + report(meta, results), flush=True)
+    return 1 if any(r.error and not r.error.startswith("skipped") for r in results) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_utils import copy_bandwidth
 
 from weft.runtime.batch import Batch, ForwardMode
 from weft.runtime.config import EngineConfig
@@ -26,23 +27,6 @@ from weft.runtime.request import Req
 from weft.runtime.sampling_params import SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10) -> float:
-    """Device-to-device copy: bytes read + written per second (the memory ceiling)."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * nbytes / statistics.median(times)
 
 
 def make_reqs(runner: ModelRunner, n: int, prompt_len: int, vocab: int) -> list[Req]:

@@ -1,0 +1,164 @@
+"""Shared benchmark helpers: the copy-bandwidth ceiling, device names, dummy-model folders, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import string
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+##### Ceilings and devices #####
+
+
+def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10, device: str = "cuda") -> float:
+    """Device-to-device copy: bytes read + written per second (the memory ceiling)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t0)
+    return 2 * nbytes / statistics.median(times)
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU: {model} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+
+
+##### Dummy-weight model folders #####
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte as one printable character."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+def _pseudo_word(rng: random.Random) -> str:
+    """A token string shaped like a real BPE vocabulary's: words, spaced words, digits, punctuation."""
+    kind = rng.random()
+    if kind < 0.08:
+        return "".join(rng.choices(string.digits, k=rng.randint(1, 3)))
+    if kind < 0.15:
+        return "".join(rng.choices("{}[]\":,.-_()!?/'=*#", k=rng.randint(1, 3)))
+    word = "".join(rng.choices(string.ascii_lowercase, k=rng.choice([1, 2, 3, 4, 4, 5, 6, 7, 9])))
+    if rng.random() < 0.15:
+        word = word.capitalize()
+    return ("Ġ" + word) if kind < 0.7 else word  # Ġ: a leading space in the byte alphabet
+
+
+def synthetic_tokenizer(vocab_size: int, bos_id: int | None, eos_ids: list[int]) -> Any:
+    """A byte-level BPE tokenizer of exactly `vocab_size` ids, built offline (no merges: text
+    encodes to bytes, every id decodes): all 256 bytes, the config's BOS/EOS as special tokens,
+    and seeded pseudo-words so that grammar masks walk a vocabulary of realistic shape."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials: dict[int, str] = {}
+    for i in eos_ids:
+        if 0 <= i < vocab_size:
+            specials[i] = "<|end_of_text|>" if not specials else f"<|special_{i}|>"
+    if bos_id is not None and 0 <= bos_id < vocab_size and bos_id not in specials:
+        specials[bos_id] = "<|begin_of_text|>"
+    if vocab_size < 256 + len(specials):
+        raise ValueError(f"vocab_size {vocab_size} is too small for a byte-level tokenizer")
+    free = (i for i in range(vocab_size) if i not in specials)
+    vocab = {s: i for i, s in specials.items()}
+    for ch in bytes_to_unicode().values():
+        vocab[ch] = next(free)
+    rng = random.Random(0)
+    for i in free:
+        word = _pseudo_word(rng)
+        while word in vocab:
+            word += rng.choice(string.ascii_lowercase)
+        vocab[word] = i
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True) for s in specials.values()])
+    eos = specials.get(eos_ids[0]) if eos_ids else None
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=specials.get(bos_id) if bos_id is not None else None,
+        eos_token=eos,
+        pad_token=eos,
+    )
+
+
+def has_tokenizer(folder: Path) -> bool:
+    return (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
+
+
+def model_folder(model: str, workdir: Path) -> tuple[Path, str]:
+    """A folder the engine can load with load_format="dummy": `model` itself when it has a
+    tokenizer, else a copy of its config.json with a synthetic tokenizer. Returns (folder, note)."""
+    src = Path(model)
+    config = json.loads((src / "config.json").read_text())
+    if has_tokenizer(src):
+        return src, "the folder's own tokenizer"
+    dst = workdir / src.name
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src / "config.json", dst / "config.json")
+    eos = config.get("eos_token_id")
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    tok = synthetic_tokenizer(int(config["vocab_size"]), config.get("bos_token_id"), eos_ids)
+    tok.save_pretrained(dst)
+    return (
+        dst,
+        f"synthetic byte-level tokenizer of {config['vocab_size']} ids (the folder has none)",
+    )
+
+
+##### Tables #####
+
+
+def fmt(x: Any, digits: int = 1) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}"
+    return str(x)
+
+
+def markdown_table(head: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += [
+        "| " + " | ".join(fmt(c) if not isinstance(c, str) else c for c in r) + " |" for r in rows
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,88 @@
+"""The markdown summary of benchmarks/offline.py: run header, runs, headline ratios vs goals, engines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench_utils import fmt, markdown_table
+from offline_jobs import RunResult
+
+
+def headline(results: list[RunResult]) -> list[list[str]]:
+    """[metric, value, goal] rows from the runs that finished (issue 6's goals on the H200)."""
+    by = {r.key: r for r in results if not r.error and r.output_tokens}
+    rows: list[list[str]] = []
+
+    def ratio(a: str, b: str) -> float | None:
+        x, y = by.get(a), by.get(b)
+        return x.output_tps / y.output_tps if x and y and x.output_tps and y.output_tps else None
+
+    if "offline" in by:
+        rows.append(["offline output tok/s", fmt(by["offline"].output_tps, 0), "≥ 14,000"])
+    if (r := ratio("offline", "hf")) is not None:
+        rows.append(["weft / HF transformers, output tok/s", f"{r:.2f}×", "≥ 10×"])
+    if (r := ratio("prefix:on", "prefix:off")) is not None:
+        rows.append(["shared prefixes: radix cache on / off, output tok/s", f"{r:.2f}×", "≥ 5×"])
+    if (r := ratio("noshare:on", "noshare:off")) is not None:
+        rows.append(
+            ["no shared prefix: radix cache on / off, output tok/s", f"{r:.3f}", "0.99–1.01"]
+        )
+    con, free = by.get("constrained"), by.get("unconstrained")
+    if con and free and con.ms_per_token and free.ms_per_token:
+        over = 100 * (con.ms_per_token / free.ms_per_token - 1)
+        value = f"{over:+.1f}% ({con.ms_per_token:.3f} vs {free.ms_per_token:.3f} ms)"
+        rows.append(["JSON schema vs unconstrained, time per output token", value, "≤ +3%"])
+    base = by.get("ablation:base")
+    for run in results:
+        if run.key.startswith("ablation:") and run.key != "ablation:base" and base:
+            if (r := ratio(run.key, "ablation:base")) is not None:
+                rows.append([f"ablation: [{run.engine}] / [{base.engine}], output tok/s",
+                             f"{r:.2f}", "-"])  # fmt: skip
+    eager = {run.engine.split(",")[0]: run.key for run in results if "eager" in run.engine}
+    if "flashinfer" in eager and "triton" in eager:
+        if (r := ratio(eager["flashinfer"], eager["triton"])) is not None:
+            rows.append(["FlashInfer / Triton (both eager), output tok/s", f"{r:.2f}", "-"])
+    return rows
+
+
+def runs_table(results: list[RunResult]) -> str:
+    head = ["section", "run", "engine", "workload", "time s", "output tok/s", "ms / output tok",
+            "cached tok", "note"]  # fmt: skip
+    rows = [
+        [
+            r.section,
+            r.label,
+            r.engine,
+            r.shape or "-",
+            fmt(r.seconds or None, 2),
+            fmt(r.output_tps, 0),
+            fmt(r.ms_per_token, 3),
+            "-" if r.error else fmt(r.cached_tokens),
+            (r.error or r.note).strip().replace("|", "/") or "-",
+        ]  # fmt: skip
+        for r in results
+    ]
+    return markdown_table(head, rows)
+
+
+def report(meta: dict[str, Any], results: list[RunResult]) -> str:
+    lines = [
+        f"### weft offline benchmarks ({meta['date']})",
+        "",
+        f"- command: `{meta['command']}`",
+        f"- device: {meta['device']}; copy bandwidth measured in this run: "
+        f"{meta['copy_GBps']:,.0f} GB/s (bytes read + written)",
+        f"- model: {meta['model']}, dummy random weights; {meta['tokenizer']}; torch {meta['torch']}",
+        f"- scaled down: {'; '.join(meta['scaled']) or 'nothing'}; budget {meta['budget_s']:.0f} s"
+        + (f", took {meta['elapsed_s']:.0f} s" if "elapsed_s" in meta else " (run in progress)"),
+        "- prompts are random token ids, greedy; HF's weights are random too (same config, other values)",
+        "",
+        runs_table(results),
+    ]
+    if rows := headline(results):
+        lines += ["", markdown_table(["metric", "value", "goal (H200, 8B)"], rows)]
+    if engines := meta.get("engines"):
+        rows = [[e["engine"], fmt(e["start_s"]), fmt(e.get("max_total_tokens")), fmt(e.get("page_size"))]
+                for e in engines]  # fmt: skip
+        lines += ["", markdown_table(["engine", "start s", "KV pool tokens", "page size"], rows)]
+    return "\n".join(lines)
