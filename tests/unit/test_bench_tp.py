@@ -1,0 +1,53 @@
+"""benchmarks/tp.py on CPU: the roofline arithmetic and a tiny TP=2 run end to end (gloo)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))  # the scripts import their helpers as top-level modules
+
+import tp as bench_tp  # noqa: E402
+
+TINY = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 600,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+}
+
+
+def test_weight_bytes_of_llama_3_70b() -> None:
+    cfg = json.loads((BENCH / "configs" / "llama-3-70b" / "config.json").read_text())
+    params = bench_tp.weight_bytes(cfg) / 2
+    assert 70.4e9 < params < 70.7e9  # Llama-3-70B has 70.55 B parameters
+    assert bench_tp.kv_bytes_per_token(cfg, tp=2) == 2 * 80 * 4 * 128 * 2
+
+
+def test_tiny_tp2_run_reports_every_figure(tmp_path: Path) -> None:
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY))
+    report = bench_tp.main(
+        [
+            *("--config", str(folder), "--tp", "2", "--num", "3"),
+            *("--input-len", "10", "--output-len", "5", "--context-length", "64"),
+            *("--latency-config", str(folder), "--latency-tp", "1"),
+            *("--latency-input-len", "6", "--latency-output-len", "4"),
+        ]
+    )
+    assert "TP=2: 3 concurrent requests" in report
+    assert "output throughput (tok/s)" in report
+    assert "| 1 |" in report  # the latency row of tp 1
