@@ -11,6 +11,7 @@ from weft.runtime.request import Req
 
 DECODE_RESERVE_CLIP = 4096  # cap on the future tokens one request is assumed to still need
 LPM_MAX_WAITING = 128  # above this many waiting requests, LPM sorting costs more than it saves
+IN_BATCH_PREFIX_TOKENS = 32  # uncached tokens two prompts must share for the later one to wait
 
 
 def order_waiting(waiting: list[Req], policy: str, cache: KVCacheManager) -> list[Req]:
@@ -23,6 +24,30 @@ def order_waiting(waiting: list[Req], policy: str, cache: KVCacheManager) -> lis
 def decode_reserve(reqs: list[Req], ratio: float) -> int:
     """Tokens to keep free for the future decode steps of these requests."""
     return math.ceil(sum(min(r.remaining_new_tokens, DECODE_RESERVE_CLIP) for r in reqs) * ratio)
+
+
+class SharedPrefixGate:
+    """In-batch prefix sharing: a prompt whose next uncached tokens are being prefilled by a request
+    already admitted to this batch waits one step, then reuses that KV from the radix cache instead
+    of computing it again (G requests sharing a long prefix cost one prefill of it, not G)."""
+
+    def __init__(self) -> None:
+        self.keys: dict[int, set[tuple[int, ...]]] = {}  # cached length -> next tokens computed
+
+    def admitted(self, req: Req) -> None:
+        start = req.prefix_len
+        if len(req.input_ids) - start >= IN_BATCH_PREFIX_TOKENS:
+            window = tuple(req.input_ids[start : start + IN_BATCH_PREFIX_TOKENS])
+            self.keys.setdefault(start, set()).add(window)
+
+    def should_wait(self, req: Req) -> bool:
+        if req.row is not None:  # already holds KV (a chunked or resumed request)
+            return False
+        for start, windows in self.keys.items():
+            window = tuple(req.input_ids[start : start + IN_BATCH_PREFIX_TOKENS])
+            if len(window) == IN_BATCH_PREFIX_TOKENS and window in windows:
+                return True
+        return False
 
 
 @dataclass

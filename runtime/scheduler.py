@@ -34,7 +34,7 @@ from weft.runtime.messages import (
 )
 from weft.runtime.model_info import ModelInfo
 from weft.runtime.model_runner import ModelRunner, ReqStepResult
-from weft.runtime.prefill import PrefillAdder, decode_reserve, order_waiting
+from weft.runtime.prefill import PrefillAdder, SharedPrefixGate, decode_reserve, order_waiting
 from weft.runtime.request import Req
 from weft.runtime.sampler import make_generator
 
@@ -278,9 +278,14 @@ class Scheduler:
                 self.cache.cache_req(chunked, release=True)
                 self.waiting.insert(0, chunked)
         if adder.chunked is None:
+            gate = None if self.config.disable_radix_cache else SharedPrefixGate()
             for req in order_waiting(self.waiting, self.config.schedule_policy, self.cache):
+                if gate is not None and gate.should_wait(req):
+                    continue
                 if not adder.add(req):
                     break
+                if gate is not None:
+                    gate.admitted(req)
         batch = adder.batch()
         if batch is None:
             return None

@@ -221,3 +221,14 @@ def test_dummy_weights_engine(tiny_model_dir: Path, tmp_path: Path) -> None:
     with weft.Engine(str(tmp_path), load_format="dummy", seed=3) as eng:
         b = eng.generate("Hi", {"temperature": 0, "max_new_tokens": 5})
     assert a["output_ids"] == b["output_ids"] and len(a["output_ids"]) == 5
+
+
+def test_requests_sharing_an_uncached_prefix_prefill_it_once(engine: Any) -> None:
+    """Submitted together, 8 prompts with a common 64-token head: one computes it, 7 reuse it."""
+    engine.flush_cache()
+    shared = [(7 * i) % 4000 + 100 for i in range(64)]
+    ids = [shared + [200 + i, 300 + i, 400 + i] for i in range(8)]
+    before = engine.get_state()["num_forward_tokens"]
+    outs = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1})
+    assert sorted(o["meta_info"]["cached_tokens"] for o in outs) == [0] + [64] * 7
+    assert engine.get_state()["num_forward_tokens"] - before == 64 + 8 * 3
