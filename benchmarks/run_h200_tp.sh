@@ -16,6 +16,12 @@ timeout 230 python3 benchmarks/tp.py --config benchmarks/configs/llama-3-70b --t
   --input-len 1000 --output-len 1000 --latency-config benchmarks/configs/llama-3.1-8b \
   --latency-tp 1 2 > "$OUT/tp_bench.log" 2>&1
 tail -45 "$OUT/tp_bench.log"
+if ! grep -q "output throughput" "$OUT/tp_bench.log"; then
+  echo "== tp benchmark again, eager ($(left) s left)"
+  timeout 200 python3 benchmarks/tp.py --tp 2 --num 32 --eager --latency-tp 1 2 \
+    > "$OUT/tp_bench_eager.log" 2>&1
+  tail -45 "$OUT/tp_bench_eager.log"
+fi
 REM=$(left)
 echo "== offline ($REM s left)"
 if [ "$REM" -gt 90 ]; then

@@ -96,6 +96,7 @@ def start_engine(folder: Path, tp: int, args: argparse.Namespace, batch: int) ->
     }
     if torch.cuda.is_available():
         kwargs["cuda_graph_max_bs"] = max(batch, 1)
+        kwargs["disable_cuda_graph"] = args.eager
     else:
         kwargs["cpu_threads"] = 1
     return weft.Engine(str(folder), **kwargs)
@@ -175,6 +176,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency-input-len", type=int, default=128)
     p.add_argument("--latency-output-len", type=int, default=256)
     p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--eager", action="store_true", help="CUDA: no CUDA graphs")
     return p.parse_args(argv)
 
 
