@@ -55,17 +55,32 @@ class GrammarQueue:
         self.vocab_size = vocab_size
         self.stop_ids = stop_ids
         self.compiler: GrammarCompiler | None = None
+        self.broken: str | None = None  # why the backend could not be built
         self.pending: list[Req] = []
 
     def _compiler(self) -> GrammarCompiler:
+        """The compiler, built on first use. A backend that cannot start (a broken install, an
+        incompatible tokenizer) is a GrammarError for every constrained request, never a crash."""
         if self.compiler is None:
-            backend: GrammarBackend = create_grammar_backend(
-                self.config.grammar_backend,
-                self.tokenizer,
-                self.vocab_size,
-                self.stop_ids,
-                strict=self.config.strict_schemas,
-            )
+            if self.broken is not None:
+                raise GrammarError(self.broken)
+            try:
+                backend: GrammarBackend = create_grammar_backend(
+                    self.config.grammar_backend,
+                    self.tokenizer,
+                    self.vocab_size,
+                    self.stop_ids,
+                    strict=self.config.strict_schemas,
+                )
+            except Exception as e:
+                logger.exception(
+                    "the %s grammar backend failed to start", self.config.grammar_backend
+                )
+                self.broken = (
+                    f"constrained decoding is unavailable: the {self.config.grammar_backend} "
+                    f"backend failed to start ({type(e).__name__}: {e})"
+                )
+                raise GrammarError(self.broken) from e
             self.compiler = GrammarCompiler(backend, timeout_s=self.timeout_s)
         return self.compiler
 

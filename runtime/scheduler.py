@@ -160,7 +160,13 @@ class Scheduler:
 
     def handle(self, msg: Message) -> None:
         if isinstance(msg, TokenizedGenerateReq):
-            self.add_request(msg)
+            try:
+                self.add_request(msg)
+            except Exception as e:  # a bug, but only this request may pay for it
+                logger.exception("could not admit request %s", msg.rid)
+                req = Req.from_msg(msg, msg.max_new_tokens, self.arrivals)
+                req.finish = FinishReason("abort", message=f"internal error: {e}", status=500)
+                self.emit([req])
         elif isinstance(msg, AbortReq):
             self.abort(msg)
         elif isinstance(msg, FlushCacheReq):
@@ -188,14 +194,14 @@ class Scheduler:
         self.checked_idle = False
         try:
             spec = grammar_spec(req.params)
+            if spec is not None:
+                self.grammars.submit(req, spec)
         except GrammarError as e:
             req.finish = FinishReason("abort", message=str(e), status=400)
             self.emit([req])
             return
         if spec is None:
             self.waiting.append(req)
-        else:
-            self.grammars.submit(req, spec)
 
     def abort(self, msg: AbortReq) -> None:
         def hit(r: Req) -> bool:
