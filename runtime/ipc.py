@@ -119,6 +119,9 @@ def run_child(
     until the parent is gone, and on a crash log the traceback and exit 1. A child without a
     `listen` address (a tensor-parallel follower rank) has no channel and reports nothing."""
     die_with_parent()
+    # Ctrl-C reaches the whole foreground process group; the parent decides when children stop
+    # (SIGTERM), so an interrupt must not kill a child mid-step with a crash report.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     setup_child_logging(log_level, name)
     channel = Channel(listen, peers) if listen is not None else None
     try:
