@@ -1,12 +1,20 @@
 """Grammar backends on the test corpus with SmolLM2's tokenizer: compile time, mask-fill time, errors.
 
     python benchmarks/constrain.py [--backends llguidance,outlines,xgrammar] [--timeout 10]
+    python benchmarks/constrain.py --fill-profile   # where llguidance's mask-fill time goes
+    python benchmarks/constrain.py --e2e [--concurrency 1 8]   # decode time, packaged model
 
 Per backend: specs compiled (JSON schemas and regexes of tests/data/constrain), compile time
 median/p90 (to the first mask), mask fill time per token median/p99 (walking every valid text of
 every compiled spec), and correctness: valid texts blocked, invalid texts accepted, and of those the
 ones not explained by a reported unenforced keyword. xgrammar is the outside reference (a
 benchmark-only dependency, driven through its own API; it reports nothing it skips).
+
+--fill-profile: each llguidance mask step filled twice (the second fill at the same state mostly
+hits the library's cached mask: weft's per-call cost plus a cache hit), by tokens allowed.
+--e2e: weft.Engine on the packaged model, 8 corpus schemas as chat prompts (x3); decode time per
+output token (TPOT, after each request's first chunk) constrained (jump-forward on, then off)
+vs unconstrained with the same prompts and the same output lengths (ignore_eos), wave by wave.
 """
 
 from __future__ import annotations
@@ -170,15 +178,149 @@ def bench(
     }
 
 
+def fill_profile(tok: Any, corpus: list[Any]) -> None:
+    """llguidance: the first fill of each step vs a repeat fill at the same state."""
+    grammar_of = weft_backend("llguidance", tok, 10.0)
+    rows: list[tuple[float, float, torch.Tensor]] = []  # (first fill s, repeat fill s, mask)
+    for spec, valid, _ in corpus:
+        try:
+            new = grammar_of(spec)
+        except GrammarError:
+            continue
+        for text in valid:
+            s, bitmask = new(), allocate_bitmask(1, VOCAB)
+            for token in [*tok.encode(text, add_special_tokens=False), STOP]:
+                t0 = time.perf_counter()
+                s.fill(bitmask)
+                t1 = time.perf_counter()
+                s.fill(bitmask)
+                t2 = time.perf_counter()
+                rows.append((t1 - t0, t2 - t1, bitmask[0].clone()))  # counted after the walks
+                if not bit(bitmask, token) or not s.accept(token):
+                    break
+    allowed = [_popcount(r[2]) for r in rows]
+    firsts, repeats = [r[0] for r in rows], [r[1] for r in rows]
+    print(f"{len(rows)} mask steps; times in us: median / p90 / p99 / max")
+    for name, xs in (("first fill", firsts), ("repeat fill", repeats)):
+        q = [statistics.median(xs), quantile(xs, 0.9), quantile(xs, 0.99), max(xs)]
+        print(f"  {name:12s} " + " / ".join(f"{x * 1e6:.1f}" for x in q))
+    print("| tokens allowed | steps | share of steps | first fill median us | p99 us |")
+    print("|---|---|---|---|---|")
+    for lo, hi in ((0, 100), (100, 1000), (1000, 10000), (10000, 40000), (40000, VOCAB + 1)):
+        xs = [r[0] for r, n in zip(rows, allowed, strict=True) if lo <= n < hi]
+        if xs:
+            share = f"{100 * len(xs) / len(rows):.1f}%"
+            med, p99 = statistics.median(xs) * 1e6, quantile(xs, 0.99) * 1e6
+            print(f"| {lo}-{hi - 1} | {len(xs)} | {share} | {med:.1f} | {p99:.1f} |")
+
+
+def _popcount(row: torch.Tensor) -> int:
+    return sum(bin(w & 0xFFFFFFFF).count("1") for w in row.tolist())
+
+
+E2E_SCHEMAS = (
+    "person optional_fields nested_address const_string defs_ref format_date integer_bounds "
+    "tool_call_weather"
+).split()
+
+
+def e2e(concurrency: list[int], max_new: int, repeats: int) -> None:
+    """Decode time per output token on the packaged model: constrained vs unconstrained."""
+    import weft
+
+    entries = {e["name"]: e for e in json.loads((DATA / "schemas.json").read_text())}
+    names = E2E_SCHEMAS * repeats
+    schemas = [entries[name]["schema"] for name in names]
+    print(f"load average before: {os.getloadavg()[0]:.2f}")
+    print("| concurrency | run | output tokens | TPOT ms (mean over requests) | wall s |")
+    print("|---|---|---|---|---|")
+    greedy = {"temperature": 0.0, "max_new_tokens": max_new}
+    constrained = [{**greedy, "json_schema": json.dumps(schema)} for schema in schemas]
+    for jump_forward in (True, False):
+        with weft.Engine(disable_jump_forward=not jump_forward) as engine:
+            prompts = [_chat(engine, name, entries[name]["schema"]) for name in names]
+            _wave(engine, prompts[:2], constrained[:2])  # warm-up: grammar tables, compiles
+            label = "constrained" + ("" if jump_forward else ", no jump-forward")
+            for c in concurrency:
+                runs = {label: Run(), "unconstrained, same lengths": Run()}
+                for i in range(0, len(prompts), c):  # NOTE: interleaved wave by wave (shared VM)
+                    lens = runs[label].add(engine, prompts[i : i + c], constrained[i : i + c])
+                    same = [{**greedy, "max_new_tokens": n, "ignore_eos": True} for n in lens]
+                    again = runs["unconstrained, same lengths"].add(
+                        engine, prompts[i : i + c], same
+                    )
+                    assert again == lens, (again, lens)
+                for name, run in runs.items():
+                    run.print(c, name)
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+def _chat(engine: Any, name: str, schema: Any) -> str:
+    text = f"Write a JSON value for {name}: {json.dumps(schema)}"
+    messages = [{"role": "user", "content": text}]
+    return str(
+        engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    )
+
+
+class Run:
+    """Output lengths, per-request TPOT and wall time, summed over waves."""
+
+    def __init__(self) -> None:
+        self.lens: list[int] = []
+        self.tpots: list[float] = []
+        self.wall = 0.0
+
+    def add(self, engine: Any, prompts: list[str], params: list[dict[str, Any]]) -> list[int]:
+        engine.flush_cache()
+        start = time.perf_counter()
+        lens, tpots = _wave(engine, prompts, params)
+        self.wall += time.perf_counter() - start
+        self.lens += lens
+        self.tpots += tpots
+        return lens
+
+    def print(self, c: int, name: str) -> None:
+        tpot = statistics.mean(self.tpots) * 1e3 if self.tpots else float("nan")
+        print(f"| {c} | {name} | {sum(self.lens)} | {tpot:.1f} | {self.wall:.1f} |", flush=True)
+
+
+def _wave(
+    engine: Any, prompts: list[str], params: list[dict[str, Any]]
+) -> tuple[list[int], list[float]]:
+    """One wave of streamed requests at once: output lengths, and per request the seconds per
+    output token after its first chunk."""
+    firsts: dict[int, tuple[float, int]] = {}
+    last: dict[int, tuple[float, int]] = {}
+    for delta in engine.generate(prompts, params, stream=True):
+        k, now = int(delta.get("index", 0)), time.perf_counter()
+        n = last.get(k, (0.0, 0))[1] + len(delta["output_ids"])
+        firsts.setdefault(k, (now, n))
+        last[k] = (now, n)
+    spans = [(last[k][0] - firsts[k][0], last[k][1] - firsts[k][1]) for k in sorted(last)]
+    return [last[k][1] for k in sorted(last)], [dt / dn for dt, dn in spans if dn > 0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default="llguidance,outlines,xgrammar")
     parser.add_argument(
         "--timeout", type=float, default=10.0, help="compile timeout (weft backends)"
     )
+    parser.add_argument("--fill-profile", action="store_true", help=fill_profile.__doc__)
+    parser.add_argument("--e2e", action="store_true", help=e2e.__doc__)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="--e2e: times the 8 prompts run")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.e2e:
+        e2e(args.concurrency, args.max_new_tokens, args.repeats)
+        return
     tok, corpus = load_tokenizer(), load_corpus()
+    if args.fill_profile:
+        fill_profile(tok, corpus)
+        return
     rows = []
     for name in args.backends.split(","):
         make = (

@@ -120,14 +120,18 @@ class GrammarMatcher(ABC):
     def __init__(self, space: TokenSpace) -> None:
         self._space = space
         self._stops = 0  # NOTE: stop tokens accepted; they can only sit at the tail of the history
+        self._buffer: torch.Tensor | None = None  # the bitmask last checked (one per run, reused)
 
     ##### Public API #####
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into `bitmask[row]` (int32 [B, ceil(V/32)], CPU, 1 = allowed)."""
         space = self._space
-        assert bitmask.dtype == torch.int32 and not bitmask.is_cuda
-        assert bitmask.shape[1] == space.words and 0 <= row < bitmask.shape[0]
+        if bitmask is not self._buffer:  # NOTE: type and layout checked once per buffer (~1 us)
+            assert bitmask.dtype == torch.int32 and not bitmask.is_cuda
+            assert bitmask.shape[1] == space.words and bitmask.is_contiguous()
+            self._buffer = bitmask
+        assert 0 <= row < bitmask.shape[0]
         row_ptr = bitmask.data_ptr() + 4 * space.words * row
         if self._stops or self.error() is not None:
             space.allow_only_stops(row_ptr)
