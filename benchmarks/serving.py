@@ -30,14 +30,10 @@ import math
 import os
 import platform
 import shlex
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
@@ -45,13 +41,9 @@ from typing import Any, Literal
 
 import httpx
 import numpy as np
+from serving_report import markdown_table, report_run, summarize
+from serving_server import launched_server, model_vocab_size, server_settings
 
-SERVER_KEYS = (
-    *("version", "model", "dtype", "device", "page_size", "context_length"),
-    *("max_total_num_tokens", "max_running_requests", "max_prefill_tokens"),
-    *("chunked_prefill_size", "schedule_policy", "disable_radix_cache", "attention_backend"),
-    "incremental_streaming_output",
-)
 Send = Callable[["RequestSpec"], Awaitable["RequestResult"]]
 
 ##### Workload #####
@@ -241,156 +233,6 @@ async def run_load(
         tasks.append(asyncio.create_task(one(spec)))
     results = await asyncio.gather(*tasks)
     return list(results), time.perf_counter() - start
-
-
-##### Report #####
-
-
-def stats_ms(values: list[float]) -> dict[str, float | None]:
-    """Mean, median and P99 (numpy's linear interpolation) in milliseconds; None when empty."""
-    if not values:
-        return {"mean": None, "median": None, "p99": None}
-    ms = np.asarray(values, dtype=np.float64) * 1000.0
-    return {
-        "mean": float(ms.mean()),
-        "median": float(np.median(ms)),
-        "p99": float(np.percentile(ms, 99)),
-    }
-
-
-def summarize(
-    results: list[RequestResult], duration: float, load_before: float = 0.0
-) -> dict[str, Any]:
-    """Throughput over the run's wall time; latencies over the completed requests."""
-    ok = [r for r in results if r.ok]
-    inp, out = sum(r.prompt_len for r in ok), sum(r.output_len for r in ok)
-    return {
-        "completed": len(ok),
-        "failed": len(results) - len(ok),
-        "errors": dict(Counter(r.error for r in results if r.error).most_common(5)),
-        "duration_s": duration,
-        "request_throughput": len(ok) / duration,
-        "input_throughput": inp / duration,
-        "output_throughput": out / duration,
-        "total_throughput": (inp + out) / duration,
-        "mean_concurrency": sum(r.e2e for r in ok) / duration,
-        "input_tokens": inp,
-        "output_tokens": out,
-        "cached_tokens": sum(r.cached_tokens for r in ok),
-        "ttft_ms": stats_ms([r.ttft for r in ok if r.ttft is not None]),
-        "tpot_ms": stats_ms([t for r in ok if (t := r.tpot) is not None]),
-        "itl_ms": stats_ms([x for r in ok for x in r.itl]),
-        "e2e_ms": stats_ms([r.e2e for r in ok]),
-        "load_avg_before": load_before,
-    }
-
-
-def _fmt(x: float | None, digits: int = 1) -> str:
-    return "n/a" if x is None else f"{x:.{digits}f}"
-
-
-def _trio(m: dict[str, float | None], digits: int = 0) -> str:
-    return " / ".join(_fmt(v, digits) for v in m.values())
-
-
-def markdown_table(runs: list[dict[str, Any]]) -> str:
-    """One row per run: throughput, latency mean / P50 / P99, and the offline peer when run."""
-    head = (
-        "| max conc. | done / failed | req/s | input tok/s | output tok/s | total tok/s "
-        "| TTFT ms | TPOT ms | ITL ms | E2E ms | offline output tok/s | served / offline |"
-    )
-    rows = [head, "|" + "---|" * (head.count("|") - 1)]
-    for run in runs:
-        s, peer = run["server"], run.get("offline_peer")
-        rows.append(
-            f"| {run['max_concurrency'] or 'none'} | {s['completed']} / {s['failed']} "
-            f"| {s['request_throughput']:.3f} | {s['input_throughput']:.1f} "
-            f"| {s['output_throughput']:.1f} | {s['total_throughput']:.1f} | {_trio(s['ttft_ms'])} "
-            f"| {_trio(s['tpot_ms'], 1)} | {_trio(s['itl_ms'], 1)} | {_trio(s['e2e_ms'])} "
-            f"| {_fmt(peer['output_throughput']) if peer else 'n/a'} "
-            f"| {_fmt(run.get('output_throughput_ratio'), 2)} |"
-        )
-    return "\n".join(rows) + "\n(latencies: mean / P50 / P99)"
-
-
-def report_run(title: str, s: dict[str, Any]) -> None:
-    print(
-        f"{title}: {s['completed']} done, {s['failed']} failed in {s['duration_s']:.1f} s, "
-        f"{s['output_throughput']:.1f} output tok/s, E2E mean {_fmt(s['e2e_ms']['mean'], 0)} ms "
-        f"(load average before: {s['load_avg_before']:.2f})",
-        flush=True,
-    )
-    for message, count in s["errors"].items():
-        print(f"  {count} x error: {message}", flush=True)
-
-
-##### Server #####
-
-
-@contextlib.contextmanager
-def launched_server(
-    model: str | None, extra: str | None, log: Path, timeout: float
-) -> Iterator[str]:
-    """`python -m weft serve` on a free port until /health is 200; SIGTERM on the way out."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "weft", "serve", "--port", str(port), *shlex.split(extra or "")]
-    cmd += ["--model", model] if model else []
-    print(f"launching: {shlex.join(cmd)} (log: {log})", flush=True)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        start = time.perf_counter()
-        while not _healthy(url):
-            if proc.poll() is not None:
-                tail = log.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"the server exited with code {proc.returncode}:\n{tail}")
-            if time.perf_counter() - start > timeout:
-                raise RuntimeError(f"the server was not healthy after {timeout:.0f} s (see {log})")
-            time.sleep(0.5)
-        print(f"server ready after {time.perf_counter() - start:.1f} s", flush=True)
-        yield url
-    finally:
-        _stop(proc)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        print(f"the server had already exited with code {proc.returncode}")
-        return
-    start = time.perf_counter()
-    proc.send_signal(signal.SIGTERM)
-    try:
-        code = proc.wait(30)
-        print(f"server stopped by SIGTERM in {time.perf_counter() - start:.1f} s (exit {code})")
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        print("the server ignored SIGTERM for 30 s: killed")
-
-
-def server_settings(url: str) -> dict[str, Any]:
-    info = httpx.get(f"{url}/server_info", timeout=10.0).json()
-    model = httpx.get(f"{url}/model_info", timeout=10.0).json()
-    key = {k: info.get(k) for k in SERVER_KEYS} | {"model_path": model.get("model_path")}
-    return {"key": key, "full": info}
-
-
-def model_vocab_size(model_path: str) -> int:
-    """vocab_size from the served model's config.json (so the server must run on this machine)."""
-    config = Path(model_path) / "config.json"
-    if not config.is_file():
-        raise SystemExit(f"cannot read {config}: pass --vocab-size")
-    return int(json.loads(config.read_text())["vocab_size"])
 
 
 ##### Runs #####

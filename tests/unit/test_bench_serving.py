@@ -16,11 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 _PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "serving.py"
+sys.path.insert(0, str(_PATH.parent))  # the script imports its helper modules as top-level ones
 _spec = importlib.util.spec_from_file_location("bench_serving", _PATH)
 assert _spec is not None and _spec.loader is not None
 bs = importlib.util.module_from_spec(_spec)
 sys.modules["bench_serving"] = bs  # dataclasses resolve their module's annotations through here
 _spec.loader.exec_module(bs)
+
+import serving_report  # noqa: E402
 
 
 def event(prompt: int, ids: list[int], finish: str | None = None, cached: int = 0) -> str:
@@ -61,12 +64,12 @@ def read(lines: list[str], times: list[float], expected: int = 4, prompt: int = 
 
 
 def test_stats_ms_mean_median_p99_linear():
-    s = bs.stats_ms([0.004, 0.001, 0.003, 0.002])
+    s = serving_report.stats_ms([0.004, 0.001, 0.003, 0.002])
     assert s["mean"] == pytest.approx(2.5)
     assert s["median"] == pytest.approx(2.5)
     assert s["p99"] == pytest.approx(3.97)  # rank 0.99 * 3 = 2.97: 3 + 0.97 * (4 - 3)
-    assert bs.stats_ms([0.010])["p99"] == pytest.approx(10.0)
-    assert bs.stats_ms([]) == {"mean": None, "median": None, "p99": None}
+    assert serving_report.stats_ms([0.010])["p99"] == pytest.approx(10.0)
+    assert serving_report.stats_ms([]) == {"mean": None, "median": None, "p99": None}
 
 
 def test_ttft_itl_tpot_from_event_times():
