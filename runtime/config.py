@@ -46,6 +46,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     disable_cuda_graph: bool = False  # CUDA: run decode eagerly instead of replaying graphs
     cuda_graph_max_bs: int = 256  # largest decode batch captured (bigger batches run eagerly)
+    disable_fused_kernels: bool = False  # CUDA: torch ops instead of weft's Triton norm/rope/SiLU
     grammar_backend: Literal["llguidance", "outlines"] = "llguidance"
     grammar_timeout: float = 10.0  # seconds a grammar may take to compile before a 400
     strict_schemas: bool = False  # refuse JSON-schema keywords the backend cannot enforce

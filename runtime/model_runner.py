@@ -70,6 +70,9 @@ class ModelRunner:
         else:  # each rank reads only its slices
             self.model.load_weights(iterate_weight_slices(model_path, device=self.device))
         logger.info("model loaded in %.1f s", time.perf_counter() - t0)
+        self.fused = self.device.type == "cuda" and not config.disable_fused_kernels
+        if self.fused:  # RMSNorm + residual, rotary, SiLU-and-mul, grammar masks as Triton kernels
+            self.model.use_kernels()
 
         num_layers = hf_config.num_hidden_layers
         first = self.model.layers[0]
@@ -225,7 +228,13 @@ class ModelRunner:
             where = {i: k for k, i in enumerate(samplers)}
             mask_rows = [where[i] for i in masked]
             index = torch.tensor(mask_rows, dtype=torch.int64, device=self.device)
-            apply_bitmask(logits, self.bitmask[: len(masked)], rows=index)
+            if self.fused:
+                from weft.kernels import apply_token_bitmask
+
+                mask = self.bitmask[: len(masked)].to(self.device, non_blocking=True)
+                apply_token_bitmask(logits, mask, rows=index)
+            else:
+                apply_bitmask(logits, self.bitmask[: len(masked)], rows=index)
         reqs = [batch.reqs[i] for i in samplers]
         inputs = [
             SamplingInputs(r.params, r.input_ids, r.output_ids, self._stop_ids(r), r.generator)

@@ -70,11 +70,13 @@ class LlamaMLP(nn.Module):
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
         self.tp = tp
         self.start, self.inter = even_split(config.intermediate_size, tp.size, tp.rank)
+        self.use_kernel = False
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.inter, bias=False)
         self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(silu_and_mul(self.gate_up_proj(x))))
+        act = silu_and_mul(self.gate_up_proj(x), self.use_kernel)
+        return self.tp.all_reduce(self.down_proj(act))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -85,9 +87,24 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), batch, attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it); the next layer (or the final
+        norm) adds the two: `h = h + attn(norm(h)); h = h + mlp(norm(h))` with the adds fused
+        into the norms."""
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm.add_forward(x, residual)
+        x = self.self_attn(x, batch, attn)
+        x, residual = self.post_attention_layernorm.add_forward(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -112,9 +129,19 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Hidden states after the final norm: [T, hidden]."""
         x = self.embed_tokens(batch.input_ids)
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            x = layer(x, batch, attn)
-        return self.norm(x)
+            x, residual = layer(x, residual, batch, attn)
+        if residual is None:  # no layers
+            return self.norm(x)
+        return self.norm.add_forward(x, residual)[0]
+
+    def use_kernels(self) -> None:
+        """Run RMSNorm (+ residual add), rotary embedding and SiLU-and-mul as weft's Triton
+        kernels (CUDA; on CPU only under TRITON_INTERPRET=1, for tests)."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, RotaryEmbedding, LlamaMLP)):
+                module.use_kernel = True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, hidden] -> [N, V] float32 (gathered from every rank's vocab rows)

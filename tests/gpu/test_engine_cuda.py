@@ -43,7 +43,9 @@ def random_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def test_fp32_cuda_greedy_equals_hf(random_llama: Path) -> None:
+@pytest.mark.parametrize("unfused", [False, True])
+def test_fp32_cuda_greedy_equals_hf(random_llama: Path, unfused: bool) -> None:
+    """With weft's Triton norm/rope/SiLU kernels (the CUDA default) and with torch ops."""
     import transformers
 
     prompts = ["w5 w6 w7", "w100 w200 w300 w400 w500", "w9", "w1000 w2000 w3000 w4000"]
@@ -54,6 +56,7 @@ def test_fp32_cuda_greedy_equals_hf(random_llama: Path) -> None:
         page_size=16,
         attention_backend="torch",
         disable_cuda_graph=True,
+        disable_fused_kernels=unfused,
     ) as eng:
         outs = eng.generate(prompts, {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True})
         tok = eng.tokenizer

@@ -1,0 +1,68 @@
+"""The model with weft's Triton kernels (RMSNorm + residual, rotary, SiLU-and-mul) wired in gives the
+logits of its torch-op path: run on CPU under TRITON_INTERPRET=1 in a child process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="triton is not importable: the kernels cannot run")
+
+HERE = Path(__file__).resolve().parent
+CHILD = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch, transformers
+from test_kernels import _patch_old_interpreter
+from tp_worker import prefill_logits
+from weft.runtime.models import build_model, init_dummy_weights
+
+_patch_old_interpreter()
+torch.set_num_threads(1)
+base = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "max_position_embeddings": 64, "vocab_size": 101, "head_dim": 16}
+cases = {
+    "llama": {"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2,
+              "architectures": ["LlamaForCausalLM"],
+              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
+    "qwen3": {"model_type": "qwen3", "num_attention_heads": 4, "num_key_value_heads": 2,
+              "architectures": ["Qwen3ForCausalLM"]},
+}
+out = {}
+ids = torch.randint(0, 101, (12,), generator=torch.Generator().manual_seed(3))
+for name, cfg in cases.items():
+    config = transformers.AutoConfig.for_model(**base, **cfg)
+    model = build_model(config, 64, torch.device("cpu"), torch.float32)
+    init_dummy_weights(model, seed=2, std=0.2)
+    ref = prefill_logits(model, config, ids)
+    model.use_kernels()
+    got = prefill_logits(model, config, ids)
+    out[name] = {"max_abs": (got - ref).abs().max().item(), "scale": ref.abs().max().item()}
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def diffs() -> dict[str, dict[str, float]]:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(HERE)],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result: dict[str, dict[str, float]] = json.loads(lines[-1].removeprefix("RESULT "))
+    return result
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_kernels_give_the_torch_logits(kind: str, diffs: dict[str, dict[str, float]]) -> None:
+    d = diffs[kind]
+    assert d["scale"] > 0.1  # the logits are not trivially zero
+    assert d["max_abs"] < 1e-4 * d["scale"] + 1e-5, d
