@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -138,3 +139,21 @@ def test_native_strict_flag(server: Any) -> None:
         timeout=60,
     )
     assert bad.status_code == 400 and "needs a json_schema" in bad.json()["error"]["message"]
+
+
+def test_disconnect_before_the_first_event_aborts(server: Any) -> None:
+    """A stream is held until its first event: a client gone by then leaves nothing running."""
+    body = {
+        "input_ids": [1] + [28] * 3000,  # a prefill of seconds on CPU
+        "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True},
+        "stream": True,
+    }
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server.url}/generate", json=body, timeout=2)
+    deadline = time.monotonic() + 60
+    while True:
+        state = httpx.get(f"{server.url}/server_info", timeout=60).json()["internal_states"][0]
+        if state["num_running"] == 0 and state["num_waiting"] == 0:
+            break
+        assert time.monotonic() < deadline, f"the request still runs after the client left: {state}"
+        time.sleep(0.2)
