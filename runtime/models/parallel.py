@@ -90,8 +90,8 @@ def check_tp(config: Any, tp: int) -> None:
         raise ValueError(f"tp_size {tp} exceeds the MLP width {config.intermediate_size}")
 
 
-class VocabParallelEmbedding(nn.Module):
-    """Rows [start, start + per) of the embedding on each rank (padded to tp * per), summed."""
+class _VocabShard(nn.Module):
+    """Rows [start, start + per_rank) of a [vocab, dim] matrix (padded to tp * per_rank rows)."""
 
     def __init__(self, vocab_size: int, dim: int, tp: TPInfo) -> None:
         super().__init__()
@@ -101,6 +101,10 @@ class VocabParallelEmbedding(nn.Module):
         self.start = tp.rank * self.per_rank
         self.count = max(0, min(self.per_rank, vocab_size - self.start))  # real rows held
         self.weight = nn.Parameter(torch.empty(self.per_rank, dim))
+
+
+class VocabParallelEmbedding(_VocabShard):
+    """The embedding split by vocab rows; each rank looks up its rows, the sum is all-reduced."""
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
@@ -112,17 +116,8 @@ class VocabParallelEmbedding(nn.Module):
         return self.tp.all_reduce(out)
 
 
-class ParallelLMHead(nn.Module):
+class ParallelLMHead(_VocabShard):
     """The output projection split by vocab rows like VocabParallelEmbedding; logits all-gathered."""
-
-    def __init__(self, vocab_size: int, dim: int, tp: TPInfo) -> None:
-        super().__init__()
-        self.tp = tp
-        self.vocab_size = vocab_size
-        self.per_rank = -(-vocab_size // tp.size)
-        self.start = tp.rank * self.per_rank
-        self.count = max(0, min(self.per_rank, vocab_size - self.start))
-        self.weight = nn.Parameter(torch.empty(self.per_rank, dim))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, dim] -> logits [N, vocab] float32, identical on every rank

@@ -19,30 +19,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def random_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 4-layer random Llama (GQA, untied) with a word-level tokenizer."""
-    import transformers
-
-    folder = tmp_path_factory.mktemp("gpu-llama")
-    config = transformers.LlamaConfig(
-        vocab_size=4096,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        eos_token_id=2,
-        architectures=["LlamaForCausalLM"],
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    save_word_tokenizer(folder, 4096)
-    return folder
-
-
 @pytest.mark.parametrize("unfused", [False, True])
 def test_fp32_cuda_greedy_equals_hf(random_llama: Path, unfused: bool) -> None:
     """With weft's Triton norm/rope/SiLU kernels (the CUDA default) and with torch ops."""

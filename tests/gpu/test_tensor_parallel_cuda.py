@@ -17,30 +17,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def random_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 4-layer random Llama (8 q / 2 kv heads, untied) with a word-level tokenizer."""
-    import transformers
-
-    folder = tmp_path_factory.mktemp("tp-llama")
-    config = transformers.LlamaConfig(
-        vocab_size=4096,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        eos_token_id=2,
-        architectures=["LlamaForCausalLM"],
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    save_word_tokenizer(folder, 4096)
-    return folder
-
-
 PROMPTS = ["w5 w6 w7", "w100 w200 w300 w400 w500", "w9", "w1000 w2000 w3000 w4000"]
 
 
