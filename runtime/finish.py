@@ -8,7 +8,7 @@ from typing import Any
 from weft.runtime.detokenize import IncrementalDecoder
 from weft.runtime.messages import FinishReason, TokenOut
 from weft.runtime.request import Req
-from weft.runtime.stop import StopMatcher
+from weft.runtime.stop import StopMatcher, StopRegexTimeout
 
 
 @dataclass
@@ -63,7 +63,10 @@ def check_finish(req: Req, token: int, eos_ids: frozenset[int]) -> FinishReason 
             return FinishReason("stop", matched=token)
     if n >= p.min_new_tokens:
         if stop is not None:
-            hit = stop.matcher.search(stop.decoder.text, stop.start)
+            try:
+                hit = stop.matcher.search(stop.decoder.text, stop.start)
+            except StopRegexTimeout as e:
+                return FinishReason("abort", message=str(e), status=400)
             if hit is not None:
                 offset, matched = hit
                 return FinishReason("stop", matched=matched, trim_offset=offset)

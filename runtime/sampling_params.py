@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+import regex
+
 GREEDY_TEMPERATURE = 1e-6  # a temperature in [0, GREEDY_TEMPERATURE) means greedy (argmax)
 _SEED_LIMIT = 2**64  # torch generators take uint64 seeds
 
@@ -27,7 +29,7 @@ class SamplingParams:
     min_new_tokens: int = 0  # EOS and stop-token ids are masked until this many tokens exist
     stop: tuple[str, ...] = ()  # matched on decoded text, trimmed unless no_stop_trim
     stop_token_ids: tuple[int, ...] = ()  # sorted, unique
-    stop_regex: tuple[str, ...] = ()  # re.search on the decoded tail
+    stop_regex: tuple[str, ...] = ()  # searched in the decoded output (re syntax, with a timeout)
     temperature: float = 1.0  # [0, 1e-6) is greedy: see is_greedy
     top_p: float = 1.0
     top_k: int = -1  # -1: the whole vocabulary
@@ -143,8 +145,8 @@ def _check_ranges(p: SamplingParams) -> None:
         if pattern == "":
             raise ValueError("stop_regex patterns must be non-empty, got ''")
         try:
-            re.compile(pattern)
-        except re.error as e:
+            regex.compile(pattern)
+        except regex.error as e:
             raise ValueError(f"stop_regex pattern {pattern!r} does not compile: {e}") from None
     if p.json_schema is not None:
         try:

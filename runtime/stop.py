@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
+
+import regex
+
+# A stop regex runs in the scheduler loop after every step of its request: a pattern that
+# backtracks catastrophically must cost one bounded search, not stall every other request.
+STOP_REGEX_TIMEOUT_S = 0.05
+
+
+class StopRegexTimeout(ValueError):
+    """A stop regex search ran past STOP_REGEX_TIMEOUT_S (the request is aborted with this)."""
 
 
 class StopMatcher:
@@ -17,8 +26,9 @@ class StopMatcher:
     depend on how the text was split into steps (stops "bcd" and "abcdef" in "abcdef" give "bcd").
     Where no match contains another this is simply the earliest match.
 
-    Regexes: `re.search` from `start` over the whole text on every call (a regex has no length
-    bound, so this is O(text)); its leftmost match takes part in the rule above. A regex may match
+    Regexes: a search from `start` over the whole text on every call (a regex has no length
+    bound, so this is O(text)), with the `regex` module's timeout (StopRegexTimeout); its
+    leftmost match takes part in the rule above. A regex may match
     text that a later step would extend ("\\d+" reports "12" before "3" arrives), and `holdback`
     cannot know how much of a stream a regex may still match, so it returns 0 for regexes.
     """
@@ -50,7 +60,13 @@ class StopMatcher:
             if offset >= 0:
                 best = _earlier(best, (offset + len(s), offset, s))
         for pattern in self._regexes:
-            m = pattern.search(text, start)
+            try:
+                m = pattern.search(text, start, timeout=STOP_REGEX_TIMEOUT_S)
+            except TimeoutError:
+                raise StopRegexTimeout(
+                    f"stop_regex {pattern.pattern!r} took over {STOP_REGEX_TIMEOUT_S * 1e3:.0f} ms "
+                    f"on {len(text)} characters of output (catastrophic backtracking?)"
+                ) from None
             if m is not None:
                 best = _earlier(best, (m.end(), m.start(), pattern.pattern))
         if best is None:
@@ -80,11 +96,12 @@ def _earlier(a: tuple[int, int, str] | None, b: tuple[int, int, str]) -> tuple[i
     return b if a is None or b[:2] < a[:2] else a
 
 
-def _compile(pattern: str) -> re.Pattern[str]:
+def _compile(pattern: str) -> regex.Pattern[str]:
+    """Compiled with `regex` (re's syntax, VERSION0) for its search timeout."""
     try:
-        compiled = re.compile(pattern)
-    except re.error as e:
+        compiled = regex.compile(pattern)
+    except regex.error as e:
         raise ValueError(f"invalid stop_regex {pattern!r}: {e}") from e
-    if compiled.match("") is not None:
+    if compiled.match("", timeout=STOP_REGEX_TIMEOUT_S) is not None:
         raise ValueError(f"stop_regex {pattern!r} matches the empty string")
     return compiled

@@ -232,3 +232,9 @@ def test_requests_sharing_an_uncached_prefix_prefill_it_once(engine: Any) -> Non
     outs = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1})
     assert sorted(o["meta_info"]["cached_tokens"] for o in outs) == [0] + [64] * 7
     assert engine.get_state()["num_forward_tokens"] - before == 64 + 8 * 3
+
+
+def test_a_backtracking_stop_regex_aborts_its_request_only(engine: Any) -> None:
+    with pytest.raises(ValueError, match="catastrophic backtracking"):
+        gen(engine, max_new_tokens=80, stop_regex=["( world| world world)+x"], **FORCE_WORLD)
+    assert gen(engine, stop="world w", **FORCE_WORLD)["text"] == " "  # still serving
