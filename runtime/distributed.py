@@ -3,6 +3,7 @@ collectives the scheduler itself needs (sharing rank 0's inbox, agreeing on size
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -12,6 +13,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from weft.runtime.batch import Batch
 from weft.runtime.models.parallel import TPInfo
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,18 @@ class TPGroup:
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.cpu_group)
         return int(t.item())
 
+    def check_agree(self, value: int, what: str) -> None:
+        """Every rank must hold the same `value` (e.g. a digest of the batch it is about to run):
+        a divergence raises here, stopping the runtime with a message, instead of running
+        mismatched collectives."""
+        t = torch.tensor([value, -value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.cpu_group)
+        if int(t[0]) != value or -int(t[1]) != value:
+            raise RuntimeError(
+                f"tensor-parallel rank {self.rank} diverged from the others on {what} "
+                f"(here {value}, max {int(t[0])}, min {-int(t[1])})"
+            )
+
     def broadcast_tokens(self, ids: torch.Tensor) -> None:
         """Rank 0's sampled tokens to every rank, in place (all ranks must agree bit for bit)."""
         dist.broadcast(ids, src=0, group=self.device_group)
@@ -112,3 +126,11 @@ def init_tp_group(rank: int, size: int, device_type: str, init_method: str) -> T
     )
     logger.info("tensor-parallel rank %d of %d on %s (%s)", rank, size, device, backend)
     return TPGroup(rank, size, device, dist.group.WORLD, cpu_group)
+
+
+def batch_digest(batch: Batch | None) -> int:
+    """A 63-bit digest of what a step runs (requests, token counts), equal on agreeing ranks."""
+    if batch is None:
+        return 0
+    key = repr([(r.rid, r.kv_len, n) for r, n in zip(batch.reqs, batch.extend_lens, strict=True)])
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") >> 1

@@ -14,7 +14,7 @@ from weft.runtime.batch import Batch, ForwardMode
 from weft.runtime.cache_manager import KVCacheManager
 from weft.runtime.config import EngineConfig
 from weft.runtime.decode import build_decode_batch, retract_for_decode
-from weft.runtime.distributed import Inbox, TPGroup, init_tp_group
+from weft.runtime.distributed import Inbox, TPGroup, batch_digest, init_tp_group
 from weft.runtime.finish import StopState, check_finish, jump_forward, token_out
 from weft.runtime.grammar import GrammarQueue, grammar_spec
 from weft.runtime.ipc import Channel, Endpoints, parent_alive, run_child
@@ -247,6 +247,14 @@ class Scheduler:
     ##### Scheduling #####
 
     def schedule(self) -> Batch | None:
+        """The next batch: a prefill if any request can be admitted, else a decode of the running
+        requests. With tensor parallelism every rank must pick the same one (checked)."""
+        batch = self.pick_batch()
+        if self.tp is not None:
+            self.tp.check_agree(batch_digest(batch), "the batch to run")
+        return batch
+
+    def pick_batch(self) -> Batch | None:
         batch = self.schedule_prefill()
         if batch is not None:
             return batch

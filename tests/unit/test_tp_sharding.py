@@ -116,3 +116,8 @@ def test_tp2_logits_equal_tp1(case: str, tp2_logits: dict[str, torch.Tensor]) ->
     got = tp2_logits[case]
     assert got.shape == (12, cfg["vocab_size"])
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_ranks_that_diverge_stop_with_a_message(tp2_logits: dict[str, torch.Tensor]) -> None:
+    """TPGroup.check_agree (run before every batch) raised on rank 0 when the ranks disagreed."""
+    assert int(tp2_logits["_diverged_raises"]) == 1

@@ -12,6 +12,7 @@ import transformers
 
 from weft.runtime.attention import create_attention_backend
 from weft.runtime.batch import ForwardBatch, ForwardMode
+from weft.runtime.distributed import TPGroup
 from weft.runtime.memory import KVPool, ReqToTokenPool
 from weft.runtime.models import TPInfo, build_model, init_dummy_weights
 
@@ -59,6 +60,13 @@ def main() -> None:
         model = build_model(config, 64, torch.device("cpu"), torch.float32, tp)
         init_dummy_weights(model, seed=5, std=0.2)
         results[case] = prefill_logits(model, config, torch.tensor(spec["ids"]))
+    group = TPGroup(int(rank), int(size), torch.device("cpu"), None, dist.group.WORLD)
+    group.check_agree(12345, "a value every rank holds")
+    try:
+        group.check_agree(int(rank), "the rank")  # differs: every rank must raise
+        results["_diverged_raises"] = torch.tensor(0)
+    except RuntimeError as e:
+        results["_diverged_raises"] = torch.tensor(int("diverged from the others" in str(e)))
     if int(rank) == 0:
         torch.save(results, out)
     dist.destroy_process_group()
