@@ -43,7 +43,7 @@ class KVCacheManager:
             return False
         match = self.tree.match_prefix(req.tokens(0, self._match_cap(req)))
         n = len(match.indices)
-        self.table.table[row, :n] = match.indices.to(self.table.table.device)
+        self.table.write(row, 0, match.indices)
         self.tree.inc_lock_ref(match.last_node)
         req.row, req.kv_len, req.prefix_len, req.last_node = row, n, n, match.last_node
         return True
@@ -65,20 +65,19 @@ class KVCacheManager:
         if got is None:
             return False
         assert req.row is not None
-        row = self.table.table[req.row]
         room = min((-req.kv_len) % self.page_size, n)
-        if room:
-            last = int(row[req.kv_len - 1])
-            row[req.kv_len : req.kv_len + room] = torch.arange(last + 1, last + 1 + room)
+        if room:  # the rest of the partly filled last page
+            last = int(self.table.cpu[req.row, req.kv_len - 1])
+            self.table.write(req.row, req.kv_len, torch.arange(last + 1, last + 1 + room))
         if got:
             fresh = self.allocator.page_slots(got)[: n - room]
-            row[req.kv_len + room : req.kv_len + n] = fresh
+            self.table.write(req.row, req.kv_len + room, fresh)
         return True
 
     def cache_req(self, req: Req, release: bool) -> None:
         """Put the request's computed KV into the tree; with `release`, give up all its slots."""
         assert req.row is not None
-        row = self.table.table[req.row]
+        row = self.table.cpu[req.row]
         kv_len = req.kv_len
         aligned = kv_len - kv_len % self.page_size
         key = req.tokens(0, kv_len)
@@ -98,7 +97,7 @@ class KVCacheManager:
             return
         match = self.tree.match_prefix(key[:aligned])
         n = len(match.indices)
-        row[:n] = match.indices.to(row.device)
+        self.table.write(req.row, 0, match.indices)
         self.tree.inc_lock_ref(match.last_node)
         self.tree.dec_lock_ref(req.last_node)
         req.last_node, req.prefix_len = match.last_node, n

@@ -94,12 +94,29 @@ class KVPool:
 
 
 class ReqToTokenPool:
-    """Request slots: row r holds the KV slot of every token of the request in slot r."""
+    """Request slots: row r holds the KV slot of every token of the request in slot r.
 
-    def __init__(self, max_reqs: int, max_context: int, device: torch.device | str) -> None:
+    `table` is what the kernels read (on the model's device). The scheduler reads and writes
+    `cpu`, a host mirror when the device is a GPU (the same tensor on CPU): reading a slot then
+    costs no device sync, and `flush()` sends all writes since the last step in one copy.
+    Every write must go through `write`.
+    """
+
+    def __init__(
+        self,
+        max_reqs: int,
+        max_context: int,
+        device: torch.device | str,
+        mirror: bool | None = None,  # None: mirror unless the device is the CPU
+    ) -> None:
         self.max_reqs = max_reqs
         self.max_context = max_context
         self.table = torch.zeros((max_reqs, max_context), dtype=torch.int64, device=device)
+        if mirror is None:
+            mirror = torch.device(device).type != "cpu"
+        self.cpu = torch.zeros_like(self.table, device="cpu") if mirror else self.table
+        self._dirty_rows: list[int] = []
+        self._dirty_cols: list[int] = []
         self._free: list[int] = list(range(max_reqs - 1, -1, -1))
 
     @property
@@ -112,3 +129,24 @@ class ReqToTokenPool:
     def free(self, row: int) -> None:
         assert row not in self._free, f"request slot {row} freed twice"
         self._free.append(row)
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        """Row `row`, positions [start, start + len(slots)) <- slots (reaches `table` at flush)."""
+        n = slots.numel()
+        if n == 0:
+            return
+        self.cpu[row, start : start + n] = slots
+        if self.cpu is not self.table:
+            self._dirty_rows += [row] * n
+            self._dirty_cols += range(start, start + n)
+
+    def flush(self) -> None:
+        """Copy the writes since the last flush to the device table: one transfer, one scatter."""
+        if not self._dirty_rows:
+            return
+        rows = torch.tensor(self._dirty_rows, dtype=torch.int64)
+        cols = torch.tensor(self._dirty_cols, dtype=torch.int64)
+        packed = torch.stack((rows, cols, self.cpu[rows, cols]))  # [3, N]
+        packed = packed.to(self.table.device, non_blocking=True)
+        self.table[packed[0], packed[1]] = packed[2]
+        self._dirty_rows, self._dirty_cols = [], []

@@ -84,7 +84,8 @@ class ModelRunner:
         )
         if tp is not None:  # the same pool size on every rank: the accounting is replicated
             num_pages = tp.min_int(num_pages)
-        self.allocator = PageAllocator(num_pages, self.page_size, self.device)
+        # slot numbers live on the host (the scheduler's table mirror, the radix tree)
+        self.allocator = PageAllocator(num_pages, self.page_size, "cpu")
         self.pool = KVPool(
             num_pages * self.page_size, num_layers, kv_heads, head_dim, self.dtype, self.device
         )
@@ -147,6 +148,7 @@ class ModelRunner:
 
     @torch.no_grad()
     def forward(self, batch: Batch) -> list[ReqStepResult]:
+        self.req_to_token.flush()  # the scheduler's slot writes since the last step
         fb = self._forward_batch(batch)
         if self.graphs is not None and self.graphs.can_run(fb):
             hidden = self.graphs.replay(fb)
