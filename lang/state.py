@@ -7,7 +7,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from weft.lang.interpreter import StreamExecutor
 from weft.lang.ir import Node, RoleBegin, RoleEnd, VarScopeBegin, VarScopeEnd, to_node
@@ -29,11 +29,46 @@ class RoleScope:
             self._submit(RoleEnd(self._role))
 
 
-class ProgramState:
+S = TypeVar("S", bound="RoleMethods")
+
+
+class RoleMethods:
+    """`s.system/user/assistant(...)` and `s.var_scope(name)`, written once for every state kind:
+    each node goes to `_emit` (the executor of a running program, the list of a traced one)."""
+
+    def _emit(self, node: Node) -> None:
+        raise NotImplementedError
+
+    def system(self, expr: Any = None) -> RoleScope:
+        return self._role("system", expr)
+
+    def user(self, expr: Any = None) -> RoleScope:
+        return self._role("user", expr)
+
+    def assistant(self, expr: Any = None) -> RoleScope:
+        return self._role("assistant", expr)
+
+    def _role(self, role: str, expr: Any) -> RoleScope:
+        if expr is not None:
+            self._emit(to_node([RoleBegin(role), to_node(expr), RoleEnd(role)]))
+        return RoleScope(self._emit, role, active=expr is None)
+
+    @contextmanager
+    def var_scope(self: S, name: str) -> Iterator[S]:
+        """`with s.var_scope("x"):` — s["x"] becomes exactly the text appended in the block."""
+        self._emit(VarScopeBegin(name))
+        yield self
+        self._emit(VarScopeEnd(name))
+
+
+class ProgramState(RoleMethods):
     """The state a program appends to: `s += ...` queues and returns; reads wait for values."""
 
     def __init__(self, executor: StreamExecutor) -> None:
         self._ex = executor
+
+    def _emit(self, node: Node) -> None:
+        self._ex.submit(node)
 
     ##### Appending and variables #####
 
@@ -98,27 +133,6 @@ class ProgramState:
         return f"ProgramState({self.text()!r})"
 
     ##### Roles and scopes #####
-
-    def system(self, expr: Any = None) -> RoleScope:
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None) -> RoleScope:
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None) -> RoleScope:
-        return self._role("assistant", expr)
-
-    def _role(self, role: str, expr: Any) -> RoleScope:
-        if expr is not None:
-            self._ex.submit(to_node([RoleBegin(role), to_node(expr), RoleEnd(role)]))
-        return RoleScope(self._ex.submit, role, active=expr is None)
-
-    @contextmanager
-    def var_scope(self, name: str) -> Iterator[ProgramState]:
-        """`with s.var_scope("x"):` — s["x"] becomes exactly the text appended in the block."""
-        self._ex.submit(VarScopeBegin(name))
-        yield self
-        self._ex.submit(VarScopeEnd(name))
 
     ##### Branches #####
 

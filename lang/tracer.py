@@ -19,18 +19,21 @@ from weft.lang.ir import (
     flatten,
     to_node,
 )
-from weft.lang.state import RoleScope
+from weft.lang.state import RoleMethods
 
 MIN_WARM_PREFIX_CHARS = 64  # run_batch warms a traced constant prefix longer than this
 
 
-class TracerProgramState:
+class TracerProgramState(RoleMethods):
     """Records what a program appends. Reading `s[name]` gives a VarRef placeholder (so
     `if s["x"] == ...` takes the else branch); forks record their branches in `branches`."""
 
     def __init__(self) -> None:
         self.nodes: list[Node] = []
         self.branches: list[list[TracerProgramState]] = []
+
+    def _emit(self, node: Node) -> None:
+        self.nodes.append(node)
 
     @property
     def last_node(self) -> Node | None:
@@ -73,26 +76,6 @@ class TracerProgramState:
 
     def error(self) -> None:
         return None
-
-    def system(self, expr: Any = None) -> RoleScope:
-        return self._role("system", expr)
-
-    def user(self, expr: Any = None) -> RoleScope:
-        return self._role("user", expr)
-
-    def assistant(self, expr: Any = None) -> RoleScope:
-        return self._role("assistant", expr)
-
-    def _role(self, role: str, expr: Any) -> RoleScope:
-        if expr is not None:
-            self.nodes.append(to_node([RoleBegin(role), to_node(expr), RoleEnd(role)]))
-        return RoleScope(self.nodes.append, role, active=expr is None)
-
-    @contextmanager
-    def var_scope(self, name: str) -> Iterator[TracerProgramState]:
-        self.nodes.append(VarScopeBegin(name))
-        yield self
-        self.nodes.append(VarScopeEnd(name))
 
     def fork(self, n: int = 1) -> TracerForks:
         self.nodes.append(Fork(n))

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from weft.runtime.batch import Batch
+from weft.runtime.messages import Message, decode, encode
 from weft.runtime.models.parallel import TPInfo
 
 logger = logging.getLogger(__name__)
@@ -23,9 +24,18 @@ logger = logging.getLogger(__name__)
 CONTROL_TIMEOUT = timedelta(days=365)
 
 
-class Inbox(msgspec.Struct, frozen=True):
+@dataclass(frozen=True)
+class Inbox:
     """What rank 0 received in one loop turn, in the order every rank applies it: grammars that
     compiled (indices into the grammar queue) or failed (index, reason), then the messages."""
+
+    ready: list[int]
+    failed: list[tuple[int, str]]
+    msgs: list[Message]
+
+
+class _WireInbox(msgspec.Struct, frozen=True):
+    """An Inbox as rank 0 broadcasts it: each message in the IPC codec."""
 
     ready: list[int]
     failed: list[tuple[int, str]]
@@ -33,7 +43,7 @@ class Inbox(msgspec.Struct, frozen=True):
 
 
 _INBOX = msgspec.msgpack.Encoder()
-_INBOX_DEC = msgspec.msgpack.Decoder(Inbox)
+_INBOX_DEC = msgspec.msgpack.Decoder(_WireInbox)
 
 
 @dataclass
@@ -57,8 +67,13 @@ class TPGroup:
 
     def share_inbox(self, inbox: Inbox | None) -> Inbox:
         """Rank 0 passes its inbox; every rank returns it."""
-        data = _INBOX.encode(inbox) if self.is_leader else None
-        return _INBOX_DEC.decode(self.broadcast_bytes(data))
+        data = None
+        if self.is_leader:
+            assert inbox is not None
+            wire = _WireInbox(inbox.ready, inbox.failed, [encode(m) for m in inbox.msgs])
+            data = _INBOX.encode(wire)
+        got = _INBOX_DEC.decode(self.broadcast_bytes(data))
+        return Inbox(got.ready, got.failed, [decode(m) for m in got.msgs])
 
     def broadcast_bytes(self, data: bytes | None) -> bytes:
         size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)

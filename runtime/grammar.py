@@ -88,10 +88,6 @@ class GrammarQueue:
         req.grammar_handle = self._compiler().submit(spec)
         self.pending.append(req)
 
-    def poll(self) -> tuple[list[Req], list[tuple[Req, str]]]:
-        """Requests whose grammar is ready (matcher attached) and those whose compile failed."""
-        return self.take(*self.scan())
-
     def scan(self) -> tuple[list[int], list[tuple[int, str]]]:
         """Positions in `pending` of finished compiles: ready ones, and failed ones with the reason.
         Changes nothing (tensor parallelism: rank 0 scans, every rank takes the same positions)."""

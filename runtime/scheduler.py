@@ -29,8 +29,6 @@ from weft.runtime.messages import (
     Message,
     StateOut,
     TokenizedGenerateReq,
-    decode,
-    encode,
 )
 from weft.runtime.model_info import ModelInfo
 from weft.runtime.model_runner import ModelRunner, ReqStepResult
@@ -133,7 +131,7 @@ class Scheduler:
             elif not parent_alive(parent_pid):
                 raise SystemExit("parent process is gone")
             ready, failed = self.grammars.scan()
-        return Inbox(ready, failed, [encode(m) for m in msgs])
+        return Inbox(ready, failed, msgs)
 
     def apply(self, inbox: Inbox) -> None:
         """Constrained requests whose grammar compiled join the waiting queue, failures answer;
@@ -144,8 +142,8 @@ class Scheduler:
             for req, message in failed:
                 req.finish = FinishReason("abort", message=message, status=400)
             self.emit([req for req, _ in failed])
-        for data in inbox.msgs:
-            self.handle(decode(data))
+        for msg in inbox.msgs:
+            self.handle(msg)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked)

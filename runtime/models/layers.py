@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -12,20 +13,23 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dim; `use_kernel`: weft's Triton kernel (CUDA) instead of torch ops."""
+    """RMSNorm over the last dim; after `use_kernels()`, weft's Triton kernels (CUDA)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
-        self.use_kernel = False
+        self._kernels: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+
+    def use_kernels(self) -> None:
+        from weft.kernels import fused_add_rmsnorm, rmsnorm
+
+        self._kernels = (rmsnorm, fused_add_rmsnorm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.use_kernel:
-            from weft.kernels import rmsnorm
-
+        if self._kernels is not None:
             shape = x.shape
-            return rmsnorm(x.reshape(-1, shape[-1]), self.weight, self.eps).view(shape)
+            return self._kernels[0](x.reshape(-1, shape[-1]), self.weight, self.eps).view(shape)
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -36,21 +40,15 @@ class RMSNorm(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual): the residual stream's next step. With the kernel
         both happen in one pass, in place in x and residual."""
-        if self.use_kernel:
-            from weft.kernels import fused_add_rmsnorm
-
-            fused_add_rmsnorm(x, residual, self.weight, self.eps)
+        if self._kernels is not None:
+            self._kernels[1](x, residual, self.weight, self.eps)
             return x, residual
         residual = x + residual
         return self.forward(residual), residual
 
 
-def silu_and_mul(gate_up: torch.Tensor, use_kernel: bool = False) -> torch.Tensor:
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     # gate_up: [T, 2 * I] -> [T, I]
-    if use_kernel:
-        from weft.kernels import silu_and_mul as silu_and_mul_kernel
-
-        return silu_and_mul_kernel(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -93,9 +91,9 @@ def rope_inv_freq(head_dim: int, params: dict[str, Any]) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Neox-style rotary embedding (rotate halves) with a precomputed float32 cos/sin cache, shared
-    by every layer with the same settings on the same device. `use_kernel`: weft's Triton kernel
-    rotates q and k in place (CUDA)."""
+    """Neox-style rotary embedding (rotate halves) from a precomputed float32 cache, shared by
+    every layer with the same settings on the same device. After `use_kernels()`, weft's Triton
+    kernel rotates q and k in place (CUDA) from its [cos | sin] cache instead."""
 
     cos: torch.Tensor
     sin: torch.Tensor
@@ -106,24 +104,30 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         self.max_positions = max_positions
         self.params = params
-        self.use_kernel = False
+        self._rotate: Callable[..., None] | None = None
         self.build()
 
     def build(self, device: torch.device | str | None = None) -> None:
-        """(Re)compute the caches, e.g. after the module was created on `meta`."""
-        cos, sin, cos_sin = _rope_tables(self.head_dim, self.max_positions, self.params, device)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
-        self.register_buffer("cos_sin", cos_sin, persistent=False)
+        """(Re)compute the cache(s) in use, e.g. after the module was created on `meta`."""
+        names = ("cos_sin",) if self._rotate is not None else ("cos", "sin")
+        for name in names:
+            table = _rope_table(name, self.head_dim, self.max_positions, self.params, device)
+            self.register_buffer(name, table, persistent=False)
+
+    def use_kernels(self) -> None:
+        from weft.kernels import rotary_embedding
+
+        device = self.cos.device
+        del self.cos, self.sin
+        self._rotate = rotary_embedding
+        self.build(device)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # positions: [T]; q: [T, H, D]; k: [T, Hkv, D]
-        if self.use_kernel:
-            from weft.kernels import rotary_embedding
-
-            rotary_embedding(positions, q, k, self.cos_sin)
+        if self._rotate is not None:
+            self._rotate(positions, q, k, self.cos_sin)
             return q, k
         cos = self.cos[positions].to(q.dtype)[:, None, :]  # [T, 1, D]
         sin = self.sin[positions].to(q.dtype)[:, None, :]
@@ -135,31 +139,33 @@ _ROPE_TABLES: weakref.WeakValueDictionary[tuple[object, ...], torch.Tensor] = (
 )
 
 
-def _rope_tables(
-    head_dim: int, max_positions: int, params: dict[str, Any], device: torch.device | str | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """cos [P, D], sin [P, D] (halves repeated) and the kernel's [cos | sin] [P, D], built once
-    per (settings, device) while a model uses them: its layers share them (at a 128k context each
-    table is 64 MB, so one copy per layer would cost gigabytes)."""
+def _rope_table(
+    name: str,
+    head_dim: int,
+    max_positions: int,
+    params: dict[str, Any],
+    device: torch.device | str | None,
+) -> torch.Tensor:
+    """cos or sin [P, D] (halves repeated), or the kernel's "cos_sin" [P, D], built once per
+    (settings, device) while a model uses it: its layers share it (at a 128k context a table is
+    64 MB, so one copy per layer would cost gigabytes)."""
     dev = torch.device(device) if device is not None else torch.empty(0).device  # the default
-    key = (head_dim, max_positions, repr(sorted(params.items())), str(dev))
-    names = ("cos", "sin", "cos_sin")
-    found = [_ROPE_TABLES.get(key + (n,)) for n in names]
-    if all(t is not None for t in found):
-        return found[0], found[1], found[2]  # type: ignore[return-value]
+    key = (name, head_dim, max_positions, repr(sorted(params.items())), str(dev))
+    table = _ROPE_TABLES.get(key)
+    if table is not None:
+        return table
     inv_freq = rope_inv_freq(head_dim, params).to(dev)
-    pos = torch.arange(max_positions, device=dev).float()
-    freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2]
-    cos, sin = freqs.cos(), freqs.sin()
-    tables = (
-        torch.cat((cos, cos), dim=-1),
-        torch.cat((sin, sin), dim=-1),
-        torch.cat((cos, sin), -1),
-    )
+    if name == "cos_sin":
+        from weft.kernels import cos_sin_cache
+
+        table = cos_sin_cache(inv_freq, max_positions)
+    else:
+        freqs = torch.arange(max_positions, device=dev).float()[:, None] * inv_freq[None, :]
+        half = freqs.cos() if name == "cos" else freqs.sin()  # [P, D/2]
+        table = torch.cat((half, half), dim=-1)
     if dev.type != "meta":
-        for name, table in zip(names, tables, strict=True):
-            _ROPE_TABLES[key + (name,)] = table
-    return tables
+        _ROPE_TABLES[key] = table
+    return table
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

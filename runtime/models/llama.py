@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -18,7 +18,7 @@ from weft.runtime.models.parallel import (
     even_split,
     head_shard,
 )
-from weft.runtime.models.weights import Placement, Weight, load_weights
+from weft.runtime.models.weights import Placement, Weight, checkpoint_names, load_weights
 
 
 class LlamaAttention(nn.Module):
@@ -70,13 +70,17 @@ class LlamaMLP(nn.Module):
             raise ValueError(f"hidden_act {config.hidden_act!r} is not supported (only silu)")
         self.tp = tp
         self.start, self.inter = even_split(config.intermediate_size, tp.size, tp.rank)
-        self.use_kernel = False
+        self.act: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.inter, bias=False)
         self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        act = silu_and_mul(self.gate_up_proj(x), self.use_kernel)
-        return self.tp.all_reduce(self.down_proj(act))
+        return self.tp.all_reduce(self.down_proj(self.act(self.gate_up_proj(x))))
+
+    def use_kernels(self) -> None:
+        from weft.kernels import silu_and_mul as silu_and_mul_kernel
+
+        self.act = silu_and_mul_kernel
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -141,7 +145,7 @@ class LlamaForCausalLM(nn.Module):
         kernels (CUDA; on CPU only under TRITON_INTERPRET=1, for tests)."""
         for module in self.modules():
             if isinstance(module, (RMSNorm, RotaryEmbedding, LlamaMLP)):
-                module.use_kernel = True
+                module.use_kernels()
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, hidden] -> [N, V] float32 (gathered from every rank's vocab rows)
@@ -208,26 +212,9 @@ class LlamaForCausalLM(nn.Module):
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue
             hf = name if name.startswith("lm_head") else f"model.{name}"
-            for shard in _shards_of(name):
-                part = _unfuse(hf, shard)
+            for part, shard in checkpoint_names(hf):
                 out.append((part, self._placement(name, shard, param).full_shape))
         return out
-
-
-def _shards_of(name: str) -> tuple[str, ...]:
-    if "qkv_proj" in name:
-        return ("q", "k", "v")
-    if "gate_up_proj" in name:
-        return ("gate", "up")
-    return ("",)
-
-
-def _unfuse(hf_name: str, shard: str) -> str:
-    """The checkpoint name of one part of a fused parameter (qkv_proj + "k" -> k_proj)."""
-    if not shard:
-        return hf_name
-    fused = "qkv_proj" if shard in ("q", "k", "v") else "gate_up_proj"
-    return hf_name.replace(fused, f"{shard}_proj")
 
 
 def num_kv_heads_of(config: Any) -> int:

@@ -58,6 +58,15 @@ def map_name(hf_name: str) -> tuple[str, str] | None:
     return name, ""
 
 
+def checkpoint_names(name: str) -> list[tuple[str, str]]:
+    """The inverse of map_name for one of our (HF-prefixed) parameter names: the checkpoint
+    tensors (name, shard) it is made of ("...qkv_proj.weight" -> q_proj, k_proj, v_proj)."""
+    parts = [(fused, shard, hf) for hf, (fused, shard) in _FUSED.items() if f".{fused}." in name]
+    if not parts:
+        return [(name, "")]
+    return [(name.replace(fused, hf), shard) for fused, shard, hf in parts]
+
+
 def _read(src: Weight, place: Placement) -> torch.Tensor:
     if place.dim < 0:
         return src if isinstance(src, torch.Tensor) else src.read(-1, 0, 0)
