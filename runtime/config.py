@@ -47,6 +47,9 @@ class EngineConfig:
     disable_cuda_graph: bool = False  # CUDA: run decode eagerly instead of replaying graphs
     cuda_graph_max_bs: int = 256  # largest decode batch captured (bigger batches run eagerly)
     disable_fused_kernels: bool = False  # CUDA: torch ops instead of weft's Triton norm/rope/SiLU
+    # the scheduler prepares step t+1 while the device runs step t; auto: on with CUDA (on the
+    # CPU the model runs inside the call, so there is nothing to overlap)
+    overlap_schedule: Literal["auto", "on", "off"] = "auto"
     grammar_backend: Literal["llguidance", "outlines"] = "llguidance"
     grammar_timeout: float = 10.0  # seconds a grammar may take to compile before a 400
     strict_schemas: bool = False  # refuse JSON-schema keywords the backend cannot enforce
@@ -112,6 +115,10 @@ class EngineConfig:
             raise ValueError(f"grammar_timeout must be > 0 seconds, got {self.grammar_timeout}")
         if self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
+        if self.overlap_schedule not in ("auto", "on", "off"):
+            raise ValueError(
+                f"overlap_schedule must be 'auto', 'on' or 'off', got {self.overlap_schedule!r}"
+            )
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
@@ -140,6 +147,12 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if self.resolved_device == "cuda" else torch.float32
         return _DTYPES[self.dtype]
+
+    @property
+    def resolved_overlap(self) -> bool:
+        if self.overlap_schedule == "auto":
+            return self.resolved_device == "cuda"
+        return self.overlap_schedule == "on"
 
     @property
     def resolved_page_size(self) -> int:

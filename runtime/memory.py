@@ -147,6 +147,8 @@ class ReqToTokenPool:
         rows = torch.tensor(self._dirty_rows, dtype=torch.int64)
         cols = torch.tensor(self._dirty_cols, dtype=torch.int64)
         packed = torch.stack((rows, cols, self.cpu[rows, cols]))  # [3, N]
+        if self.table.is_cuda:  # pinned: the copy does not wait for the kernels queued before
+            packed = packed.pin_memory()
         packed = packed.to(self.table.device, non_blocking=True)
         self.table[packed[0], packed[1]] = packed[2]
         self._dirty_rows, self._dirty_cols = [], []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from weft.runtime.models import build_model, init_dummy_weights
 from weft.runtime.models.llama import LlamaDecoderLayer, head_dim_of, sliding_window_of
 from weft.runtime.request import Req
 from weft.runtime.sampler import Sampler, SamplingInputs
+from weft.runtime.transfer import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +41,49 @@ class ReqStepResult:
     input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
     input_top: list[list[tuple[float, int]]] = field(default_factory=list)
     input_ids_lp: list[list[tuple[float, int]]] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class LaunchedStep:
+    """One step queued on the device. `resolve()` waits for its sampled tokens (a copy started
+    at launch) and returns what each request of the batch got."""
+
+    number: int
+    batch: Batch
+    results: list[ReqStepResult]  # prompt logprobs are filled at launch
+    samplers: list[int] = field(default_factory=list)  # batch indices that sample, in row order
+    next_ids: torch.Tensor | None = None  # [S] on the device
+    host_ids: torch.Tensor | None = None  # [S] on the host, valid once `ready` has passed
+    ready: torch.cuda.Event | None = None
+    logprobs: torch.Tensor | None = None  # [S, V] when some sampling request wants logprobs
+
+    def resolve(self) -> list[ReqStepResult]:
+        if self.host_ids is None:
+            return self.results
+        if self.ready is not None:
+            self.ready.synchronize()
+        next_ids = self.host_ids.tolist()
+        for k, i in enumerate(self.samplers):
+            self.results[i].next_id = next_ids[k]
+        if self.logprobs is None:
+            return self.results
+        for k, i in enumerate(self.samplers):
+            req, res = self.batch.reqs[i], self.results[i]
+            if not req.return_logprob:
+                continue
+            chosen, top, by_id = gather_logprobs(
+                self.logprobs[k : k + 1], [next_ids[k]], req.top_logprobs_num, req.token_ids_logprob
+            )
+            res.output_logprob = chosen[0]
+            res.output_top = top[0] if req.top_logprobs_num else None
+            res.output_ids_lp = by_id[0] if req.token_ids_logprob else None
+        return self.results
+
+
+def _samples(req: Req, n: int) -> bool:
+    """Whether a request running n tokens this step samples one: its prefill (or the tokens it
+    has, including one still on the device) completes and it may generate more."""
+    return req.kv_len + n == req.seq_len + req.ahead and req.remaining_new_tokens > 0
 
 
 class ModelRunner:
@@ -125,6 +170,14 @@ class ModelRunner:
             logger.info("CUDA graphs captured in %.1f s", time.perf_counter() - t1)
         self.num_forward_tokens = 0  # tokens actually run through the model (prefix reuse tests)
         self.num_forward_passes = 0
+        self.num_launches = 0
+        self._last_ids: tuple[int, torch.Tensor] | None = None  # the last launch's sampled ids
+        # host copies of sampled ids: one per step that can be alive at once (overlap keeps two)
+        pin = self.device.type == "cuda"
+        self._host_ids = [
+            torch.empty(config.max_running_requests, dtype=torch.int64, pin_memory=pin)
+            for _ in range(3)
+        ]
         self.bitmask: torch.Tensor | None = None  # grammar masks, allocated on first use
         logger.info("KV pool: %d tokens in pages of %d", self.allocator.total_slots, self.page_size)
 
@@ -146,8 +199,16 @@ class ModelRunner:
 
     ##### One step #####
 
-    @torch.no_grad()
     def forward(self, batch: Batch) -> list[ReqStepResult]:
+        """Run one step and wait for its results."""
+        return self.launch(batch).resolve()
+
+    @torch.no_grad()
+    def launch(self, batch: Batch) -> LaunchedStep:
+        """Queue one step on the device (on CUDA nothing here waits for the GPU unless a request
+        wants prompt logprobs); its tokens are read by `LaunchedStep.resolve`. A request with a
+        sampled token still on the device (`req.ahead`, overlap scheduling) runs that token: it is
+        taken from the previous launch's output on the device."""
         self.req_to_token.flush()  # the scheduler's slot writes since the last step
         fb = self._forward_batch(batch)
         if self.graphs is not None and self.graphs.can_run(fb):
@@ -158,16 +219,14 @@ class ModelRunner:
         self.num_forward_tokens += fb.input_ids.numel()
         self.num_forward_passes += 1
         masked = self._fill_grammar_masks(batch)  # CPU work overlapping the GPU's
-        return self._results(batch, hidden, masked)
+        return self._sample(batch, hidden, masked)
 
     def _fill_grammar_masks(self, batch: Batch) -> list[int]:
         """Bitmask rows for the constrained requests that sample this step; their batch indices."""
         constrained = [
             i
             for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True))
-            if req.grammar is not None
-            and req.kv_len + n == req.seq_len
-            and req.remaining_new_tokens > 0
+            if req.grammar is not None and _samples(req, n)
         ]
         if constrained and self.bitmask is None:
             self.bitmask = allocate_bitmask(self.req_to_token.max_reqs, self.hf_config.vocab_size)
@@ -180,40 +239,58 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         seq_lens: list[int] = []
+        future_at: list[int] = []  # token index in this step <- row of the last launch's ids
+        future_row: list[int] = []
         for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
             start = req.kv_len
-            ids += req.tokens(start, start + n)
+            if req.ahead:
+                last = self._last_ids
+                assert n == 1 and req.future is not None and last is not None, (req.rid, n)
+                assert req.future[0] == last[0], "a future token of a step that is not the last"
+                future_at.append(len(ids))
+                future_row.append(req.future[1])
+                ids.append(0)
+            else:
+                ids += req.tokens(start, start + n)
             positions += range(start, start + n)
             seq_lens.append(start + n)
-        dev = self.device
-        rows = torch.tensor([r.row for r in batch.reqs], dtype=torch.int64, device=dev)
-        pos = torch.tensor(positions, dtype=torch.int64, device=dev)
-        row_per_token = torch.repeat_interleave(rows, torch.tensor(batch.extend_lens, device=dev))
+        # one host-to-device copy for all of it (it does not wait for the step before)
+        rows = [r.row for r in batch.reqs]
+        parts = [ids, positions, rows, seq_lens, list(batch.extend_lens), future_at, future_row]
+        flat = to_device([x for part in parts for x in part], torch.int64, self.device)
+        cut = list(itertools.accumulate(map(len, parts), initial=0))
+        input_ids, pos, req_rows, seq_t, ext_t, at_t, row_t = (
+            flat[cut[k] : cut[k + 1]] for k in range(len(parts))
+        )
+        if future_at:
+            assert self._last_ids is not None
+            input_ids[at_t] = self._last_ids[1][row_t]
+        if len(ids) == len(rows):  # one token per request
+            row_per_token = req_rows
+        else:
+            row_per_token = torch.repeat_interleave(req_rows, ext_t, output_size=len(ids))
         return ForwardBatch(
             mode=batch.mode,
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            input_ids=input_ids,
             positions=pos,
             out_cache_loc=self.req_to_token.table[row_per_token, pos],
-            req_rows=rows,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
-            extend_lens=torch.tensor(batch.extend_lens, dtype=torch.int64, device=dev),
+            req_rows=req_rows,
+            seq_lens=seq_t,
+            extend_lens=ext_t,
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=list(batch.extend_lens),
         )
 
-    def _results(
-        self, batch: Batch, hidden: torch.Tensor, masked: list[int]
-    ) -> list[ReqStepResult]:
-        results = [ReqStepResult() for _ in batch.reqs]
+    def _sample(self, batch: Batch, hidden: torch.Tensor, masked: list[int]) -> LaunchedStep:
+        self.num_launches += 1
+        step = LaunchedStep(self.num_launches, batch, [ReqStepResult() for _ in batch.reqs])
         sample_rows: list[int] = []  # hidden rows to sample from
-        samplers: list[int] = []  # which requests sample
         in_rows: list[LogprobRows] = []
         offset = 0
         for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True)):
-            done = req.kv_len + n == req.seq_len
-            if done and req.remaining_new_tokens > 0:
+            if _samples(req, n):
                 sample_rows.append(offset + n - 1)
-                samplers.append(i)
+                step.samplers.append(i)
             if batch.mode == ForwardMode.EXTEND and req.owes_input_logprobs:
                 rows = _input_logprob_rows(req, offset, n)
                 if rows is not None:
@@ -221,15 +298,19 @@ class ModelRunner:
             offset += n
 
         if in_rows:
-            self._input_logprobs(batch, hidden, in_rows, results)
+            self._input_logprobs(batch, hidden, in_rows, step.results)
         if not sample_rows:
-            return results
-        logits = self.model.compute_logits(hidden[sample_rows])  # [S, V]
+            return step
+        if len(sample_rows) == hidden.shape[0]:  # every row samples (decode): no gather
+            picked = hidden
+        else:
+            picked = hidden[to_device(sample_rows, torch.int64, self.device)]
+        logits = self.model.compute_logits(picked)  # [S, V]
         if masked:
             assert self.bitmask is not None
-            where = {i: k for k, i in enumerate(samplers)}
+            where = {i: k for k, i in enumerate(step.samplers)}
             mask_rows = [where[i] for i in masked]
-            index = torch.tensor(mask_rows, dtype=torch.int64, device=self.device)
+            index = to_device(mask_rows, torch.int64, self.device)
             if self.fused:
                 from weft.kernels import apply_token_bitmask
 
@@ -237,33 +318,24 @@ class ModelRunner:
                 apply_token_bitmask(logits, mask, rows=index)
             else:
                 apply_bitmask(logits, self.bitmask[: len(masked)], rows=index)
-        reqs = [batch.reqs[i] for i in samplers]
+        reqs = [batch.reqs[i] for i in step.samplers]
         inputs = [
             SamplingInputs(r.params, r.input_ids, r.output_ids, self._stop_ids(r), r.generator)
             for r in reqs
         ]
-        want_lp = any(r.return_logprob for r in reqs)
-        out = self.sampler(logits, inputs, want_logprobs=want_lp)
+        out = self.sampler(logits, inputs, want_logprobs=any(r.return_logprob for r in reqs))
         if self.tp is not None:  # every rank continues with rank 0's tokens
             self.tp.broadcast_tokens(out.next_ids)
-        next_ids = out.next_ids.tolist()
-        for k, i in enumerate(samplers):
-            results[i].next_id = next_ids[k]
-        if out.logprobs is not None:
-            for k, i in enumerate(samplers):
-                req = batch.reqs[i]
-                if not req.return_logprob:
-                    continue
-                chosen, top, by_id = gather_logprobs(
-                    out.logprobs[k : k + 1],
-                    [next_ids[k]],
-                    req.top_logprobs_num,
-                    req.token_ids_logprob,
-                )
-                results[i].output_logprob = chosen[0]
-                results[i].output_top = top[0] if req.top_logprobs_num else None
-                results[i].output_ids_lp = by_id[0] if req.token_ids_logprob else None
-        return results
+        step.next_ids, step.logprobs = out.next_ids, out.logprobs
+        self._last_ids = (step.number, out.next_ids)
+        if self.device.type == "cuda":  # the tokens come back while the GPU goes on
+            host = self._host_ids[step.number % len(self._host_ids)][: out.next_ids.numel()]
+            host.copy_(out.next_ids, non_blocking=True)
+            step.host_ids, step.ready = host, torch.cuda.Event()
+            step.ready.record()
+        else:
+            step.host_ids = out.next_ids
+        return step
 
     def _stop_ids(self, req: Req) -> frozenset[int]:
         ids = frozenset(req.params.stop_token_ids)

@@ -35,6 +35,10 @@ class Req:
     arrival: int = 0  # admission order, for FCFS and retraction choice
 
     output_ids: list[int] = field(default_factory=list)
+    # overlap scheduling: sampled tokens still on the device (launched steps not yet processed),
+    # and where the newest one will be: (step number, row among that step's sampled rows)
+    ahead: int = 0
+    future: tuple[int, int] | None = None
     row: int | None = None  # row of the request-to-token table while it holds KV
     kv_len: int = 0
     prefix_len: int = 0  # leading KV slots owned by the radix tree (locked)
@@ -97,7 +101,8 @@ class Req:
 
     @property
     def extend_len(self) -> int:
-        return self.seq_len - self.kv_len
+        """Tokens to run next: the known ones past kv_len, plus a sampled one still on the device."""
+        return self.seq_len + self.ahead - self.kv_len
 
     @property
     def finished(self) -> bool:
@@ -113,4 +118,4 @@ class Req:
 
     @property
     def remaining_new_tokens(self) -> int:
-        return max(self.max_new_tokens - len(self.output_ids), 0)
+        return max(self.max_new_tokens - len(self.output_ids) - self.ahead, 0)

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from weft.runtime.sampling_params import SamplingParams
+from weft.runtime.transfer import to_device
 
 TOP_P_WINDOW = 1024  # top-p first looks for its cut among this many most likely tokens
 
@@ -204,10 +205,10 @@ class Sampler:
         return probs
 
     def _ints(self, values: Sequence[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64, device=self.device)
+        return to_device(values, torch.int64, self.device)
 
     def _floats(self, values: Sequence[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float32, device=self.device)
+        return to_device(values, torch.float32, self.device)
 
 
 def _flat_ids(seqs: Sequence[Sequence[int]], total: int) -> torch.Tensor:

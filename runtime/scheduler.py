@@ -13,7 +13,7 @@ from weft.radix import NoCache, PrefixCache, RadixCache
 from weft.runtime.batch import Batch, ForwardMode
 from weft.runtime.cache_manager import KVCacheManager
 from weft.runtime.config import EngineConfig
-from weft.runtime.decode import build_decode_batch, retract_for_decode
+from weft.runtime.decode import build_decode_batch, pages_for_decode, retract_for_decode
 from weft.runtime.distributed import Inbox, TPGroup, batch_digest, init_tp_group
 from weft.runtime.finish import StopState, check_finish, jump_forward, token_out
 from weft.runtime.grammar import GrammarQueue, grammar_spec
@@ -31,7 +31,7 @@ from weft.runtime.messages import (
     TokenizedGenerateReq,
 )
 from weft.runtime.model_info import ModelInfo
-from weft.runtime.model_runner import ModelRunner, ReqStepResult
+from weft.runtime.model_runner import LaunchedStep, ModelRunner, ReqStepResult
 from weft.runtime.prefill import PrefillAdder, SharedPrefixGate, decode_reserve, order_waiting
 from weft.runtime.request import Req
 from weft.runtime.sampler import make_generator
@@ -78,7 +78,12 @@ class Scheduler:
         self.chunked: Req | None = None
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.arrivals = 0
-        self.stats: dict[str, int] = {"retractions": 0, "prompt_tokens": 0, "cached_tokens": 0}
+        self.stats: dict[str, int] = {
+            "retractions": 0,
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+            "overlapped_steps": 0,  # launched while the step before was still in flight
+        }
         self.checked_idle = True
         scale = 1 if self.is_leader else FOLLOWER_GRAMMAR_TIMEOUT_SCALE
         self.grammars = GrammarQueue(
@@ -89,6 +94,8 @@ class Scheduler:
             timeout_s=config.grammar_timeout * scale,
         )
         self.jump_forward = not config.disable_jump_forward
+        self.overlap = config.resolved_overlap
+        self.inflight: LaunchedStep | None = None  # launched, results not yet processed
 
     @property
     def max_total_tokens(self) -> int:
@@ -97,14 +104,14 @@ class Scheduler:
     ##### The loop #####
 
     def run_forever(self, parent_pid: int) -> None:
-        """receive -> schedule -> run -> process results, until the parent is gone."""
+        """receive -> schedule -> run -> process results, until the parent is gone. With overlap
+        scheduling the results processed are those of the step before: the host works on them
+        while the device runs the step just launched."""
         while True:
             self.receive(parent_pid)
             batch = self.schedule()
-            if batch is None:
-                continue
-            results = self.runner.forward(batch)
-            self.process_results(batch, results)
+            step = self.launch(batch)
+            self.process_results(step)
 
     def receive(self, parent_pid: int) -> None:
         """Wait for something to do (rank 0 reads the channel and shares it), then apply it."""
@@ -135,7 +142,9 @@ class Scheduler:
 
     def apply(self, inbox: Inbox) -> None:
         """Constrained requests whose grammar compiled join the waiting queue, failures answer;
-        then the messages, in order."""
+        then the messages, in order (all but new requests see the in-flight step processed)."""
+        if any(not isinstance(m, TokenizedGenerateReq) for m in inbox.msgs):
+            self.settle()
         if inbox.ready or inbox.failed:
             ready, failed = self.grammars.take(inbox.ready, inbox.failed)
             self.waiting += ready
@@ -146,7 +155,7 @@ class Scheduler:
             self.handle(msg)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.chunked)
+        return bool(self.waiting or self.running or self.chunked or self.inflight)
 
     def on_idle(self) -> None:
         """Runs once each time the scheduler becomes idle: the KV conservation check."""
@@ -247,21 +256,37 @@ class Scheduler:
     def schedule(self) -> Batch | None:
         """The next batch: a prefill if any request can be admitted, else a decode of the running
         requests. With tensor parallelism every rank must pick the same one (checked)."""
+        if self.inflight is not None and not self.can_continue(self.inflight):
+            self.settle()
         batch = self.pick_batch()
         if self.tp is not None:
             self.tp.check_agree(batch_digest(batch), "the batch to run")
         return batch
 
+    def can_continue(self, step: LaunchedStep) -> bool:
+        """Whether the next step may be scheduled before `step`'s tokens are known: a decode
+        step whose requests need nothing of their last token on the host to run the next one
+        (no grammar mask, penalty or min_new_tokens mask), with room for one more token each."""
+        return (
+            self.overlap
+            and step.batch.mode == ForwardMode.DECODE
+            and all(_overlap_safe(r) for r in self.running)
+            and pages_for_decode(self.running, self.cache) * self.cache.page_size
+            <= self.cache.available_tokens
+        )
+
     def pick_batch(self) -> Batch | None:
         batch = self.schedule_prefill()
         if batch is not None:
             return batch
-        if not self.running:
-            return None
-        retracted = retract_for_decode(self.running, self.cache)
+        if self.inflight is not None:  # overlap: those whose last token ends them sit this out
+            going = [r for r in self.running if r.remaining_new_tokens > 0]
+            retracted: list[Req] = []  # can_continue checked that one more token fits
+        else:
+            retracted = retract_for_decode(self.running, self.cache)
+            self.running = going = [r for r in self.running if r not in retracted]
         if retracted:
             self.stats["retractions"] += len(retracted)
-            self.running = [r for r in self.running if r not in retracted]
             self.waiting += retracted
             self.new_token_ratio = min(1.0, self.new_token_ratio + 0.3)
             logger.info("KV pool full: retracted %d request(s)", len(retracted))
@@ -269,7 +294,7 @@ class Scheduler:
             self.new_token_ratio = max(
                 MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
             )
-        return build_decode_batch(self.running, self.cache)
+        return build_decode_batch(going, self.cache) if going else None
 
     def schedule_prefill(self) -> Batch | None:
         if not self.waiting and self.chunked is None:
@@ -312,12 +337,46 @@ class Scheduler:
 
     ##### Results out #####
 
-    def process_results(self, batch: Batch, results: list[ReqStepResult]) -> None:
+    def launch(self, batch: Batch | None) -> LaunchedStep | None:
+        """Queue the batch on the device. Its requests' KV now counts as computed, and a token it
+        samples is `ahead` (known on the device only) until its results are processed."""
+        if batch is None:
+            return None
+        step = self.runner.launch(batch)
+        self.stats["overlapped_steps"] += self.inflight is not None
+        for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
+            req.kv_len += n
+        for k, i in enumerate(step.samplers):
+            req = batch.reqs[i]
+            req.ahead += 1
+            req.future = (step.number, k)
+        return step
+
+    def process_results(self, step: LaunchedStep | None) -> None:
+        """Process the step launched before `step` (overlap), or `step` itself."""
+        older, self.inflight = self.inflight, step
+        if older is not None:
+            self.finish_step(older)
+        if not self.overlap:
+            self.settle()
+
+    def settle(self) -> None:
+        """Wait for the in-flight step and process its results."""
+        step, self.inflight = self.inflight, None
+        if step is not None:
+            self.finish_step(step)
+
+    def finish_step(self, step: LaunchedStep) -> None:
+        batch, results = step.batch, step.resolve()
         report: list[Req] = []
         was_running = set(map(id, self.running))
         joined: list[Req] = []  # requests whose prefill completed this step
-        for req, n, res in zip(batch.reqs, batch.extend_lens, results, strict=True):
-            req.kv_len += n
+        sampled = set(step.samplers)
+        for i, (req, res) in enumerate(zip(batch.reqs, results, strict=True)):
+            if i in sampled:
+                req.ahead -= 1
+            if req.finished:  # ended by a token of the step before (overlap): nothing to add
+                continue
             self._collect_logprobs(req, res)
             if req.kv_len < req.seq_len:
                 self.cache.cache_req(req, release=False)  # a chunk: share what is done
@@ -365,6 +424,12 @@ class Scheduler:
     def reply(self, msg: Message) -> None:
         if self.channel is not None:
             self.channel.send("engine", msg)
+
+
+def _overlap_safe(req: Req) -> bool:
+    """A request whose next step needs no host knowledge of its last sampled token."""
+    p = req.params
+    return req.grammar is None and not p.uses_penalties and len(req.output_ids) >= p.min_new_tokens
 
 
 def run_scheduler_process(

@@ -32,6 +32,7 @@ _HELP = {
     "disable_cuda_graph": "run decode steps eagerly on CUDA (flashinfer needs this for now)",
     "cuda_graph_max_bs": "largest decode batch captured in a CUDA graph",
     "disable_fused_kernels": "CUDA: torch ops instead of weft's Triton norm/rotary/SiLU kernels",
+    "overlap_schedule": "auto (on with CUDA), on or off: prepare step t+1 while step t runs",
     "cache_dir": "where converted models are kept; none = ~/.cache/weft",
     "log_level": "debug, info, warning or error",
     "cpu_threads": "torch threads of the scheduler on CPU; none = torch's default",

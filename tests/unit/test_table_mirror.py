@@ -46,7 +46,7 @@ def run(
         assert batch is not None
         pool.flush()
         assert torch.equal(pool.table, pool.cpu), "a slot write did not reach the device table"
-        sched.process_results(batch, sched.runner.forward(batch))
+        sched.process_results(sched.launch(batch))
     sched.cache.check_conservation()
     return done, sched.stats["retractions"]
 

@@ -1,0 +1,210 @@
+"""Where a decode step's time goes: GPU kernels of one step, and the scheduler's host work per step.
+
+    python benchmarks/profile_step.py runner [--batches 1 64 256]     # kernels by GPU time
+    python benchmarks/profile_step.py scheduler [--num-prompts 256]   # host vs model time per step
+
+`runner` builds the ModelRunner (dummy weights of a real config, CUDA graphs unless
+--eager) and, per batch size, splits `ModelRunner.forward` into its phases (batch tensors, model,
+logits + sampling) with synchronizing timers, then lists the kernels of a few profiled steps by
+GPU time. `scheduler` runs the Scheduler's loop in this process (no ZMQ, no detokenizer) on
+N x input/output random-token requests and reports, per step, the wall time of scheduling,
+launching (host work to queue the step) and processing results (which waits for the device's
+tokens: with overlap scheduling those of the step before); then the functions with the most host
+time (cProfile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from bench_utils import model_folder
+from one_batch import make_reqs
+
+from weft.runtime.batch import Batch, ForwardMode
+from weft.runtime.config import EngineConfig
+from weft.runtime.loader import read_hf_config
+from weft.runtime.messages import TokenizedGenerateReq
+from weft.runtime.model_runner import ModelRunner
+from weft.runtime.sampling_params import SamplingParams
+from weft.runtime.scheduler import Scheduler
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sync_ms(fn: Any) -> tuple[Any, float]:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, (time.perf_counter() - t0) * 1e3
+
+
+def time_phases(runner: ModelRunner, batch: Batch, whole: bool = False) -> list[float]:
+    """ms of building the batch tensors, the model, and logits + sampling (or of the whole step)."""
+    if whole:
+        return [sync_ms(lambda: runner.forward(batch))[1]]
+    runner.req_to_token.flush()
+    fb, t_prep = sync_ms(lambda: runner._forward_batch(batch))
+    graphs = runner.graphs
+    if graphs is not None and graphs.can_run(fb):
+        hidden, t_model = sync_ms(lambda: graphs.replay(fb))
+    else:
+
+        def eager() -> torch.Tensor:
+            runner.attn.prepare(fb)
+            return runner.model(fb, runner.attn)
+
+        hidden, t_model = sync_ms(eager)
+    _, t_res = sync_ms(lambda: runner._sample(batch, hidden, []).resolve())
+    return [t_prep, t_model, t_res]
+
+
+def profile_runner(args: argparse.Namespace) -> None:
+    folder = Path(args.config)
+    hf = read_hf_config(folder)
+    ctx = args.context + 16
+    max_batch = max(args.batches)
+    config = EngineConfig(
+        model=str(folder),
+        load_format="dummy",
+        attention_backend=args.backend,
+        disable_cuda_graph=args.eager,
+        disable_fused_kernels=args.unfused,
+        cuda_graph_max_bs=max_batch,
+        max_total_tokens=(max_batch + 2) * (ctx + 32),
+        max_running_requests=max(max_batch, 32),
+        context_length=max(ctx, 1040),
+    )
+    runner = ModelRunner(config, folder, hf, config.context_length or ctx)
+    for b in args.batches:
+        reqs = make_reqs(runner, b, args.context, hf.vocab_size)
+        for r in reqs:
+            r.output_ids = [1]
+            r.kv_len = args.context
+        batch = Batch(ForwardMode.DECODE, reqs, [1] * b)
+        for _ in range(3):
+            runner.forward(batch)
+        phases: dict[str, list[float]] = {"batch tensors": [], "model": [], "logits+sample": []}
+        for _ in range(args.reps):
+            for k, v in zip(phases, time_phases(runner, batch), strict=True):
+                phases[k].append(v)
+        t_all = time_phases(runner, batch, whole=True)[0]
+        line = ", ".join(f"{k} {statistics.median(v):.3f} ms" for k, v in phases.items())
+        print(f"\n== decode B={b} ctx={args.context}: {line}; whole forward {t_all:.3f} ms")
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(3):
+                runner.forward(batch)
+            torch.cuda.synchronize()
+        print(
+            prof.key_averages().table(
+                sort_by="self_cuda_time_total", row_limit=args.rows, max_name_column_width=70
+            )
+        )
+
+
+def profile_scheduler(args: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="weft-prof-"))
+    folder, note = model_folder(args.config, work)
+    print(f"model folder: {folder} ({note})")
+    hf = read_hf_config(folder)
+    config = EngineConfig(
+        model=str(folder),
+        load_format="dummy",
+        attention_backend=args.backend,
+        disable_cuda_graph=args.eager,
+        disable_fused_kernels=args.unfused,
+        overlap_schedule=args.overlap,
+        context_length=args.input_len + args.output_len + 64,
+        max_running_requests=args.max_running,
+        cuda_graph_max_bs=args.max_running,
+    )
+    sched = Scheduler(config, folder, channel=None)
+    gen = torch.Generator().manual_seed(0)
+    for i in range(args.num_prompts):
+        ids = torch.randint(0, hf.vocab_size, (args.input_len,), generator=gen).tolist()
+        params = SamplingParams(temperature=0, ignore_eos=True)
+        sched.handle(TokenizedGenerateReq(str(i), ids, params, args.output_len))
+    steps: list[tuple[str, int, float, float, float]] = []  # mode, batch, ms: sched/launch/results
+    prof = cProfile.Profile()
+    t_start = time.perf_counter()
+    while sched.has_work():
+        if args.cprofile:
+            prof.enable()
+        t0 = time.perf_counter()
+        batch = sched.schedule()
+        t1 = time.perf_counter()
+        step = sched.launch(batch)
+        t2 = time.perf_counter()
+        sched.process_results(step)
+        t3 = time.perf_counter()
+        if args.cprofile:
+            prof.disable()
+        if batch is not None:
+            ms = ((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+            steps.append((batch.mode.name, len(batch.reqs), *ms))
+    total = time.perf_counter() - t_start
+    out_tokens = args.num_prompts * args.output_len
+    print(f"{len(steps)} steps in {total:.2f} s: {out_tokens / total:.0f} output tok/s")
+    for mode in ("EXTEND", "DECODE"):
+        rows = [s for s in steps if s[0] == mode]
+        if rows:
+            print(
+                f"{mode}: {len(rows)} steps, mean batch {statistics.mean(s[1] for s in rows):.1f}"
+            )
+            _print_split(rows)
+    big = [s for s in steps if s[0] == "DECODE" and s[1] >= args.max_running * 0.9]
+    if big:
+        print(f"DECODE at batch >= {int(args.max_running * 0.9)}:")
+        _print_split(big)
+    if args.cprofile:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.rows)
+
+
+def _print_split(rows: list[tuple[str, int, float, float, float]]) -> None:
+    parts = ("schedule", "launch", "results (waits for the device)")
+    cols = [[r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows]]
+    meds = [statistics.median(c) for c in cols]
+    sums = [sum(c) / 1e3 for c in cols]
+    text = "; ".join(
+        f"{p} {m:.2f} ms (sum {t:.2f} s)" for p, m, t in zip(parts, meds, sums, strict=True)
+    )
+    print(f"  medians per step: {text}; step {sum(meds):.2f} ms")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("what", choices=["runner", "scheduler"])
+    ap.add_argument("--config", default=str(REPO / "benchmarks/configs/llama-3.1-8b"))
+    ap.add_argument("--backend", default="triton")
+    ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    ap.add_argument("--unfused", action="store_true", help="torch ops instead of fused kernels")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rows", type=int, default=25, help="rows of the kernel / cProfile tables")
+    ap.add_argument("--num-prompts", type=int, default=256)
+    ap.add_argument("--input-len", type=int, default=1000)
+    ap.add_argument("--output-len", type=int, default=200)
+    ap.add_argument("--max-running", type=int, default=256)
+    ap.add_argument("--overlap", default="auto", choices=["auto", "on", "off"])
+    ap.add_argument("--cprofile", action="store_true", help="cProfile the scheduler's host work")
+    args = ap.parse_args()
+    if args.what == "runner":
+        profile_runner(args)
+    else:
+        profile_scheduler(args)
+
+
+if __name__ == "__main__":
+    main()

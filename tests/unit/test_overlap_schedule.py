@@ -1,0 +1,132 @@
+"""Overlap scheduling (step t+1 scheduled and launched before step t's tokens are on the host):
+in-process schedulers on a tiny random model give the same outputs with overlap on and off through
+stop tokens found mid-run, length limits, penalties and min_new_tokens (which make it wait), pages,
+chunked prefill, retraction, seeded sampling and an abort; KV slots are conserved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from weft.runtime.config import EngineConfig
+from weft.runtime.distributed import Inbox
+from weft.runtime.messages import AbortReq, TokenizedGenerateReq
+from weft.runtime.sampling_params import SamplingParams
+from weft.runtime.scheduler import Scheduler
+
+Outputs = dict[str, tuple[list[int], str]]
+
+
+def prompts() -> list[list[int]]:
+    shared = [(11 * i) % 3000 + 100 for i in range(40)]
+    out = []
+    for i in range(10):
+        head = shared[: 8 + 3 * i] if i % 3 else [500 + i, 7, 9]
+        out.append(head + [(37 * i + j) % 2000 + 50 for j in range(3 + i % 5)])
+    return out
+
+
+def run(
+    model: Path,
+    overlap: str,
+    params: list[SamplingParams],
+    abort_at: tuple[int, str] | None = None,
+    **config: Any,
+) -> tuple[Outputs, Scheduler]:
+    cfg = EngineConfig(model=str(model), cpu_threads=1, overlap_schedule=overlap, **config)
+    sched = Scheduler(cfg, model, None)
+    done: Outputs = {}
+
+    def emit(reqs: list[Any]) -> None:
+        for r in reqs:
+            if r.finished:
+                assert r.rid not in done, f"{r.rid} finished twice"
+                done[r.rid] = (list(r.output_ids), r.finish.type)
+
+    sched.emit = emit  # type: ignore[method-assign]
+    for i, (ids, p) in enumerate(zip(prompts(), params, strict=False)):
+        sched.add_request(TokenizedGenerateReq(f"r{i}", ids, p, p.max_new_tokens or 0))
+    steps = 0
+    while sched.has_work():  # the loop of run_forever, without a channel
+        if abort_at is not None and steps == abort_at[0]:
+            sched.apply(Inbox([], [], [AbortReq(rid=abort_at[1])]))
+        batch = sched.schedule()
+        sched.process_results(sched.launch(batch))
+        steps += 1
+        assert steps < 2000, "the scheduler does not finish"
+    sched.cache.check_conservation()
+    assert all(r.ahead == 0 for r in sched.running)
+    return done, sched
+
+
+def greedy(n: int, **kw: Any) -> SamplingParams:
+    return SamplingParams(temperature=0, max_new_tokens=n, **kw)
+
+
+def check_same(model: Path, params: list[SamplingParams], **config: Any) -> Outputs:
+    off, s_off = run(model, "off", params, **config)
+    on, s_on = run(model, "on", params, **config)
+    assert on == off
+    assert s_off.stats["overlapped_steps"] == 0
+    assert s_on.stats["overlapped_steps"] > 0, "nothing was overlapped"
+    return on
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{}, {"page_size": 4}, {"page_size": 4, "chunked_prefill_size": 8, "max_prefill_tokens": 16}],
+    ids=["plain", "pages", "chunked"],
+)
+def test_lengths_and_stop_tokens_found_mid_run(tiny_model_dir: Path, config: Any) -> None:
+    plain = [greedy(4 + 3 * i, ignore_eos=True) for i in range(10)]
+    first = check_same(tiny_model_dir, plain, **config)
+    assert all(len(first[f"r{i}"][0]) == 4 + 3 * i for i in range(10))
+    # stop at a token each request emits mid-way: the step after it was already launched
+    stops = []
+    for i in range(10):
+        out = first[f"r{i}"][0]
+        stops.append(greedy(40, stop_token_ids=[out[len(out) // 2]]))
+    stopped = check_same(tiny_model_dir, stops, **config)
+    assert any(kind == "stop" for _, kind in stopped.values())
+
+
+def test_requests_that_need_their_last_token_wait_for_it(tiny_model_dir: Path) -> None:
+    # while one of them runs, steps wait; once they are done, the rest overlap
+    mixed = [
+        greedy(3, frequency_penalty=0.5) if i % 3 == 0 else greedy(16, ignore_eos=True)
+        for i in range(10)
+    ]
+    mixed[1] = greedy(16, min_new_tokens=6, stop_token_ids=[2, 3, 5])
+    check_same(tiny_model_dir, mixed)
+
+
+def test_retraction(tiny_model_dir: Path) -> None:
+    params = [greedy(40, ignore_eos=True) for _ in range(10)]
+    on = check_same(tiny_model_dir, params, max_total_tokens=200)
+    _, sched = run(tiny_model_dir, "on", params, max_total_tokens=200)
+    assert sched.stats["retractions"] > 0 and len(on) == 10
+
+
+def test_seeded_sampling(tiny_model_dir: Path) -> None:
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.9, sampling_seed=i, max_new_tokens=10)
+        for i in range(10)
+    ]
+    check_same(tiny_model_dir, params)
+
+
+def test_abort_while_a_step_is_in_flight(tiny_model_dir: Path) -> None:
+    params = [greedy(30, ignore_eos=True) for _ in range(10)]
+    off, _ = run(tiny_model_dir, "off", params, abort_at=(6, "r4"))
+    on, _ = run(tiny_model_dir, "on", params, abort_at=(6, "r4"))
+    assert on["r4"][1] == off["r4"][1] == "abort"
+    assert {k: v for k, v in on.items() if k != "r4"} == {k: v for k, v in off.items() if k != "r4"}
+
+
+def test_overlap_option_is_validated() -> None:
+    with pytest.raises(ValueError, match="overlap_schedule"):
+        EngineConfig(overlap_schedule="sometimes")  # type: ignore[arg-type]
+    assert not EngineConfig(device="cpu").resolved_overlap
+    assert EngineConfig(device="cpu", overlap_schedule="on").resolved_overlap
