@@ -1,16 +1,24 @@
 """Grammar backends on the test corpus with SmolLM2's tokenizer: compile time, mask-fill time, errors.
 
-    python benchmarks/constrain.py [--backends llguidance,outlines,xgrammar] [--timeout 10]
+    python benchmarks/constrain.py [--backends llguidance,llguidance:no-prefetch,outlines,xgrammar]
+                                   [--timeout 10] [--step-gap-ms 1]
     python benchmarks/constrain.py --fill-profile   # where llguidance's mask-fill time goes
     python benchmarks/constrain.py --e2e [--concurrency 1 8]   # decode time, packaged model
 
 Per backend: specs compiled (JSON schemas and regexes of tests/data/constrain), compile time
-median/p90 (to the first mask), mask fill time per token median/p99 (walking every valid text of
-every compiled spec), and correctness: valid texts blocked, invalid texts accepted, and of those the
-ones not explained by a reported unenforced keyword. xgrammar is the outside reference (a
-benchmark-only dependency, driven through its own API; it reports nothing it skips).
+median/p90 (to the first mask), mask fill time per token median/p90/p99 (walking every valid text
+of every compiled spec), accept time per token (accept_token + forced_tokens, what the scheduler
+calls after sampling; xgrammar: accept only), their sum per step (what the scheduler's thread
+spends on one request per step), and correctness: valid texts blocked, invalid texts
+accepted, and of those the ones not explained by a reported unenforced keyword. xgrammar is the
+outside reference (a benchmark-only dependency, driven through its own API; it reports nothing it
+skips). Between a step's accept and the next fill the walk runs --step-gap-ms of small torch
+matmuls in the same thread, standing for the model step that separates them in the scheduler
+(torch drops the GIL inside each op, as in a forward pass): `llguidance` prefetches each next mask
+on a background thread in that gap (its fill then mostly copies a finished mask);
+`llguidance:no-prefetch` computes the mask inside fill_bitmask (the library's own cost).
 
---fill-profile: each llguidance mask step filled twice (the second fill at the same state mostly
+--fill-profile: each llguidance mask step (no prefetch) filled twice (the second fill at the same state mostly
 hits the library's cached mask: weft's per-call cost plus a cache hit), by tokens allowed.
 --e2e: weft.Engine on the packaged model, 8 corpus schemas as chat prompts (x3); decode time per
 output token (TPOT, after each request's first chunk) constrained (jump-forward on, then off)
@@ -66,7 +74,8 @@ def load_corpus() -> list[tuple[GrammarSpec, list[str], list[str]]]:
 
 
 class Stepper:
-    """A uniform driver for one request: fill(bitmask) writes row 0, accept(token) -> bool."""
+    """A uniform driver for one request: fill(bitmask) writes row 0, accept(token) -> bool
+    (for weft's matchers followed by forced_tokens(), as the scheduler does after sampling)."""
 
     def __init__(
         self, fill: Callable[[torch.Tensor], object], accept: Callable[[int], bool]
@@ -75,17 +84,24 @@ class Stepper:
         self.accept = accept
 
 
-def weft_backend(name: str, tok: Any, timeout: float) -> Callable[[GrammarSpec], Any]:
-    compiler = GrammarCompiler(
-        create_grammar_backend(name, tok, VOCAB, [STOP]), timeout_s=timeout, threads=1
-    )
+def weft_backend(
+    name: str, tok: Any, timeout: float, prefetch: bool = True
+) -> Callable[[GrammarSpec], Any]:
+    backend = create_grammar_backend(name, tok, VOCAB, [STOP], prefetch_masks=prefetch)
+    compiler = GrammarCompiler(backend, timeout_s=timeout, threads=1)
 
     def compile_spec(spec: GrammarSpec) -> Callable[[], Stepper]:
         grammar = compiler.submit(spec).result()
 
         def new() -> Stepper:
             m = grammar.matcher()
-            return Stepper(lambda bm: m.fill_bitmask(bm, 0), m.accept_token)
+
+            def accept(token: int) -> bool:
+                ok = m.accept_token(token)
+                m.forced_tokens()
+                return ok
+
+            return Stepper(lambda bm: m.fill_bitmask(bm, 0), accept)
 
         new.unenforced = grammar.unenforced  # type: ignore[attr-defined]
         return new
@@ -124,19 +140,41 @@ def bit(bitmask: torch.Tensor, token: int) -> bool:
     return bool((int(bitmask[0, token // 32]) >> (token % 32)) & 1)
 
 
-def run_text(new: Callable[[], Stepper], ids: list[int], fill_times: list[float] | None) -> bool:
-    """Whether the text passes the mask token by token and may stop at the end."""
+def run_text(
+    new: Callable[[], Stepper],
+    ids: list[int],
+    times: tuple[list[float], list[float]] | None = None,
+    gap_s: float = 0.0,
+) -> bool:
+    """Whether the text passes the mask token by token and may stop at the end. `times`: append
+    each fill's and each accept's seconds; then run `gap_s` of model-like work after each accept."""
     s, bitmask = new(), allocate_bitmask(1, VOCAB)
     for token in [*ids, STOP]:
         start = time.perf_counter()
         s.fill(bitmask)
-        if fill_times is not None:
-            fill_times.append(time.perf_counter() - start)
+        if times is not None:
+            times[0].append(time.perf_counter() - start)
         if not bit(bitmask, token):
             return False
-        if not s.accept(token):
+        start = time.perf_counter()
+        ok = s.accept(token)
+        if times is not None:
+            times[1].append(time.perf_counter() - start)
+            model_step(gap_s)
+        if not ok:
             return False
     return True
+
+
+_WEIGHTS = torch.randn(128, 128)
+
+
+def model_step(seconds: float) -> None:
+    """Stand-in for a model forward pass: torch matmuls (GIL dropped in each) for `seconds`."""
+    end = time.perf_counter() + seconds
+    x = _WEIGHTS
+    while time.perf_counter() < end:
+        x = torch.tanh(x @ _WEIGHTS)
 
 
 def quantile(xs: list[float], q: float) -> float:
@@ -144,10 +182,11 @@ def quantile(xs: list[float], q: float) -> float:
 
 
 def bench(
-    name: str, make: Callable[[GrammarSpec], Any], corpus: list[Any], tok: Any
+    name: str, make: Callable[[GrammarSpec], Any], corpus: list[Any], tok: Any, gap_s: float
 ) -> dict[str, Any]:
     compile_s: list[float] = []
     fills: list[float] = []
+    accepts: list[float] = []
     refused: list[str] = []
     blocked = accepted_bad = unreported = 0
     for spec, valid, invalid in corpus:
@@ -159,18 +198,25 @@ def bench(
             continue
         compile_s.append(time.perf_counter() - start)
         for text in valid:
-            blocked += not run_text(new, tok.encode(text, add_special_tokens=False), fills)
+            ids = tok.encode(text, add_special_tokens=False)
+            blocked += not run_text(new, ids, (fills, accepts), gap_s)
         for text in invalid:
-            bad = run_text(new, tok.encode(text, add_special_tokens=False), None)
+            bad = run_text(new, tok.encode(text, add_special_tokens=False))
             accepted_bad += bad
             unreported += bad and not getattr(new, "unenforced", ())
+    steps = [f + a for f, a in zip(fills, accepts, strict=False)]  # the last fill has no accept
     return {
         "backend": name,
         "compiled": f"{len(compile_s)}/{len(corpus)}",
         "compile_med_ms": statistics.median(compile_s) * 1e3,
         "compile_p90_ms": quantile(compile_s, 0.9) * 1e3,
         "fill_med_us": statistics.median(fills) * 1e6,
+        "fill_p90_us": quantile(fills, 0.9) * 1e6,
         "fill_p99_us": quantile(fills, 0.99) * 1e6,
+        "accept_med_us": statistics.median(accepts) * 1e6,
+        "accept_p99_us": quantile(accepts, 0.99) * 1e6,
+        "step_med_us": statistics.median(steps) * 1e6,
+        "step_p99_us": quantile(steps, 0.99) * 1e6,
         "valid_blocked": blocked,
         "invalid_accepted": accepted_bad,
         "unreported": unreported,
@@ -180,7 +226,7 @@ def bench(
 
 def fill_profile(tok: Any, corpus: list[Any]) -> None:
     """llguidance: the first fill of each step vs a repeat fill at the same state."""
-    grammar_of = weft_backend("llguidance", tok, 10.0)
+    grammar_of = weft_backend("llguidance", tok, 10.0, prefetch=False)
     rows: list[tuple[float, float, torch.Tensor]] = []  # (first fill s, repeat fill s, mask)
     for spec, valid, _ in corpus:
         try:
@@ -303,7 +349,13 @@ def _wave(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="llguidance,outlines,xgrammar")
+    parser.add_argument("--backends", default="llguidance,llguidance:no-prefetch,outlines,xgrammar")
+    parser.add_argument(
+        "--step-gap-ms",
+        type=float,
+        default=1.0,
+        help="model-like torch work between a step's accept and the next fill (0: none)",
+    )
     parser.add_argument(
         "--timeout", type=float, default=10.0, help="compile timeout (weft backends)"
     )
@@ -323,13 +375,17 @@ def main() -> None:
         return
     rows = []
     for name in args.backends.split(","):
+        base, _, option = name.partition(":")
         make = (
             xgrammar_backend(tok, args.timeout)
             if name == "xgrammar"
-            else weft_backend(name, tok, args.timeout)
+            else weft_backend(base, tok, args.timeout, prefetch=option != "no-prefetch")
         )
-        rows.append(bench(name, make, corpus, tok))
-    cols = ["backend", "compiled", "compile_med_ms", "compile_p90_ms", "fill_med_us", "fill_p99_us"]
+        rows.append(bench(name, make, corpus, tok, args.step_gap_ms / 1e3))
+    print(f"step gap {args.step_gap_ms:g} ms; load average {os.getloadavg()[0]:.2f}")
+    cols = ["backend", "compiled", "compile_med_ms", "compile_p90_ms"]
+    cols += ["fill_med_us", "fill_p90_us", "fill_p99_us", "accept_med_us", "accept_p99_us"]
+    cols += ["step_med_us", "step_p99_us"]
     cols += ["valid_blocked", "invalid_accepted", "unreported"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

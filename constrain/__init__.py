@@ -28,12 +28,15 @@ def create_grammar_backend(
     stop_ids: Collection[int],
     strict: bool = False,
     max_json_whitespace: int = DEFAULT_JSON_WHITESPACE,
+    prefetch_masks: bool = True,
 ) -> GrammarBackend:
     """A backend for one model: `tokenizer` a HF fast tokenizer, `vocab_size` the logit width
     (>= the tokenizer's; padded columns are never allowed), `stop_ids` every stop id (allowed
     exactly where the grammar may end). `strict`: refuse schemas with keywords the backend cannot
     enforce (else enforce the rest and list them in `unenforced`). JSON allows at most
     `max_json_whitespace` whitespace characters in a row (none before or after the value).
+    `prefetch_masks` (llguidance): compute each next mask on a background thread as soon as a
+    token is accepted, so `fill_bitmask` mostly copies a finished mask (masks are unchanged).
 
     JSON semantics, both backends: object properties come in schema order; strings are raw UTF-8
     (llguidance refuses \\u escapes of printable characters). `additionalProperties` absent or
@@ -45,7 +48,7 @@ def create_grammar_backend(
     if name == "llguidance":
         from weft.constrain.llguidance_backend import LLGuidanceBackend
 
-        return LLGuidanceBackend(space, tokenizer, strict, whitespace)
+        return LLGuidanceBackend(space, tokenizer, strict, whitespace, prefetch_masks)
     if name == "outlines":
         from weft.constrain.outlines_backend import OutlinesBackend
 

@@ -1,8 +1,19 @@
-"""llguidance backend: JSON schema, regex, Lark/GBNF and choices via an Earley parser over a lazy lexer."""
+"""llguidance backend: JSON schema, regex, Lark/GBNF and choices via an Earley parser over a lazy lexer.
+
+Mask prefetch: right after a matcher accepts a token that leaves no forced continuation, the
+next mask is computed on a background thread (llguidance drops the GIL while it computes) into
+the matcher's own buffer; `fill_bitmask` then waits for it, if it is still running, and copies it.
+The mask is the library's own for the same state, so prefetching never changes a mask: it moves
+the work off the caller's path (the scheduler fills masks a model step after the accept), at the
+price of a thread handoff in accept_token (~10-30 us on a 2-core VM; see BENCHMARKS.md).
+"""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import queue
+import threading
 from typing import Any
 
 import llguidance
@@ -37,9 +48,15 @@ class LLGuidanceBackend(GrammarBackend):
     name = "llguidance"
 
     def __init__(
-        self, space: TokenSpace, tokenizer: Any, strict: bool, json_whitespace: str
+        self,
+        space: TokenSpace,
+        tokenizer: Any,
+        strict: bool,
+        json_whitespace: str,
+        prefetch_masks: bool = True,
     ) -> None:
         super().__init__(space, strict)
+        self._prefetch = prefetch_masks
         stops = sorted(space.stop_ids)
         self._tokenizer = llguidance.hf.from_tokenizer(
             tokenizer, n_vocab=space.vocab_size, eos_token=stops
@@ -62,7 +79,7 @@ class LLGuidanceBackend(GrammarBackend):
             if spec.kind == "json_schema"
             else []
         )
-        compiled = LLGuidanceGrammar(spec, unenforced, self.space, matcher)
+        compiled = LLGuidanceGrammar(spec, unenforced, self.space, matcher, self._prefetch)
         compiled.warm_up()
         if matcher.is_error():
             raise self._refusal(spec, matcher.get_error())
@@ -104,11 +121,17 @@ class LLGuidanceGrammar(CompiledGrammar):
     """A pristine matcher that is never advanced; requests get deep copies (sharing its lexer cache)."""
 
     def __init__(
-        self, spec: GrammarSpec, unenforced: list[str], space: TokenSpace, template: Any
+        self,
+        spec: GrammarSpec,
+        unenforced: list[str],
+        space: TokenSpace,
+        template: Any,
+        prefetch: bool = True,
     ) -> None:
         super().__init__(spec, unenforced)
         self._space = space
         self._template = template
+        self._prefetch = prefetch
 
     def warm_up(self) -> None:
         """Compute the first mask now, so that compile time includes it and requests start warm."""
@@ -116,37 +139,144 @@ class LLGuidanceGrammar(CompiledGrammar):
         self._template.unsafe_compute_mask_ptr(scratch.data_ptr(), self._space.words * 4)
 
     def matcher(self) -> GrammarMatcher:
-        return LLGuidanceMatcher(self._space, self._template.deep_copy())
+        return LLGuidanceMatcher(self._space, self._template.deep_copy(), self._prefetch)
 
 
 class LLGuidanceMatcher(GrammarMatcher):
-    def __init__(self, space: TokenSpace, matcher: Any) -> None:
+    """A request's llguidance matcher; with `prefetch`, each accepted token starts the next mask.
+
+    NOTE: while a prefetch runs, the library holds the matcher, so every hook that touches
+    `self._m` waits for it first (`_join`). Masks are identical with and without prefetch.
+    """
+
+    def __init__(self, space: TokenSpace, matcher: Any, prefetch: bool = True) -> None:
         super().__init__(space)
         self._m = matcher
+        self._prefetch = prefetch
+        self._next: ctypes.Array[ctypes.c_int32] | None = None  # prefetched mask, once allocated
+        self._job: _Job | None = None  # a prefetch in flight (or finished, not yet joined)
+        self._ready = False  # `_next` holds the mask of the current state
+        self._filled = False  # a fill has delivered the current state's mask
+        self._forced: list[int] | None = None  # forced tokens of the current state, if known
 
     def error(self) -> str | None:
+        if (self._job is not None or self._ready) and not self._filled:
+            # NOTE: a prefetch starts only from a state without error; an error it met (a fuel
+            # limit) shows once a fill delivered its mask, as when the fill computes it itself.
+            return None
         return str(self._m.get_error()) if self._m.is_error() else None
 
     def _fill_content(self, row_ptr: int) -> None:
-        self._m.unsafe_compute_mask_ptr(row_ptr, self._space.words * 4)
+        self._join()
+        nbytes = self._space.words * 4
+        if self._ready:
+            assert self._next is not None
+            ctypes.memmove(row_ptr, ctypes.addressof(self._next), nbytes)
+        else:
+            self._m.unsafe_compute_mask_ptr(row_ptr, nbytes)
+        self._filled = True
 
     def _can_end(self) -> bool:
+        self._join()
         return bool(self._m.is_accepting())
 
     def _accept_content(self, token: int) -> bool:
+        self._join()
         # NOTE: consume_token on a forbidden token poisons the matcher; validate first.
         if self._m.validate_tokens([token]) != 1:
             return False
         ok = self._m.consume_token(token)
         assert ok, self._m.get_error()
+        self._ready = self._filled = False
+        self._forced = None
+        if self._prefetch:  # NOTE: a state with forced tokens has a one-token mask: cheap
+            self._forced = list(self._m.compute_ff_tokens())
+            if not self._forced and not self._m.is_error():
+                self._start_prefetch()
         return True
 
     def _rollback_content(self, k: int) -> None:
+        self._join()
         ok = self._m.rollback(k)
         assert ok, f"rollback({k}) failed: {self._m.get_error()}"
+        self._ready = self._filled = False
+        self._forced = None
 
     def _forced_content(self) -> list[int]:
-        return list(self._m.compute_ff_tokens())
+        if self._forced is None:
+            self._join()
+            self._forced = list(self._m.compute_ff_tokens())
+        return list(self._forced)
 
     def _clone(self) -> GrammarMatcher:
-        return LLGuidanceMatcher(self._space, self._m.deep_copy())
+        self._join()
+        return LLGuidanceMatcher(self._space, self._m.deep_copy(), self._prefetch)
+
+    ##### Internal Helper Functions #####
+
+    def _start_prefetch(self) -> None:
+        if self._next is None:
+            self._next = (ctypes.c_int32 * self._space.words)()
+        self._job = _MASK_WORKER.submit(self._m, self._next)
+
+    def _join(self) -> None:
+        """Wait for the prefetch in flight, if any; `_next` then holds the current state's mask."""
+        job = self._job
+        if job is None:
+            return
+        self._job = None
+        job.done.acquire()  # released by the worker
+        if job.error is not None:
+            raise job.error
+        self._ready = True
+
+
+class _Job:
+    """One mask computation: `done` is held until the worker has written the mask."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.error: BaseException | None = None
+
+
+class _MaskWorker:
+    """One daemon thread computing prefetched masks in submission order (started on first use).
+
+    llguidance drops the GIL inside its mask computation, so the caller's thread runs meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Any, ctypes.Array[ctypes.c_int32], _Job]] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def submit(self, matcher: Any, out: ctypes.Array[ctypes.c_int32]) -> _Job:
+        """Compute `matcher`'s next mask into `out` (the job keeps both alive until it is done)."""
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None:
+                    thread = threading.Thread(target=self._run, name="llg-mask", daemon=True)
+                    thread.start()
+                    self._thread = thread
+        job = _Job()
+        self._jobs.put((matcher, out, job))
+        return job
+
+    def _run(self) -> None:
+        while True:
+            matcher, out, job = self._jobs.get()
+            try:
+                matcher.unsafe_compute_mask_ptr(ctypes.addressof(out), ctypes.sizeof(out))
+            except BaseException as e:  # noqa: BLE001 - handed to the matcher's thread
+                job.error = e
+            finally:
+                job.done.release()
+            del matcher, out, job  # NOTE: drop references before blocking on the next job
+
+
+_MASK_WORKER = _MaskWorker()

@@ -1,0 +1,96 @@
+"""llguidance mask prefetch: masks, forced tokens and state identical with and without it."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import torch
+from test_constrain_support import (
+    STOP,
+    VOCAB,
+    allowed,
+    backend,
+    encode,
+    regexes,
+    schemas,
+    tokenizer,
+)
+
+from weft.constrain import (
+    GrammarBackend,
+    GrammarError,
+    GrammarMatcher,
+    GrammarSpec,
+    allocate_bitmask,
+    create_grammar_backend,
+)
+
+
+@functools.cache
+def sync_backend() -> GrammarBackend:
+    return create_grammar_backend("llguidance", tokenizer(), VOCAB, [STOP], prefetch_masks=False)
+
+
+def corpus() -> list[tuple[GrammarSpec, list[str]]]:
+    items = []
+    for e in schemas():
+        valid = [json.dumps(v, ensure_ascii=False) for v in e["valid"]] + e["valid_text"]
+        items.append((GrammarSpec.json_schema(e["schema"]), valid))
+    for r in regexes():
+        items.append((GrammarSpec.regex(r["pattern"]), r["valid"]))
+    return items
+
+
+def row(m: GrammarMatcher) -> torch.Tensor:
+    bitmask = allocate_bitmask(1, VOCAB)
+    bitmask.fill_(0)
+    m.fill_bitmask(bitmask, 0)
+    return bitmask[0]
+
+
+def test_masks_identical_over_the_corpus() -> None:
+    """Every step of every valid corpus text: the same mask, forced tokens and answers."""
+    steps = prefetched = 0
+    for spec, texts in corpus():
+        try:
+            fast, slow = backend("llguidance").compile(spec), sync_backend().compile(spec)
+        except GrammarError:
+            continue
+        for text in texts:
+            a, b = fast.matcher(), slow.matcher()
+            for token in [*encode(text), STOP]:
+                prefetched += a._job is not None  # type: ignore[attr-defined]
+                mask = row(a)
+                assert torch.equal(mask, row(b)), (spec.spec, text, steps)
+                assert torch.equal(mask, row(a)), "a repeat fill at the same state"
+                assert a.error() == b.error() and a.forced_tokens() == b.forced_tokens()
+                steps += 1
+                if not allowed(mask[None], token):
+                    break
+                assert a.accept_token(token) == b.accept_token(token)
+            assert a.is_terminated() == b.is_terminated()
+    assert steps > 1000 and prefetched > steps // 2, (steps, prefetched)
+
+
+def test_copy_rollback_and_accept_while_a_prefetch_runs() -> None:
+    """State changes right after an accept (prefetch in flight) wait for it and stay exact."""
+    schema = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 30}}}
+    spec = GrammarSpec.json_schema(schema)
+    a = backend("llguidance").compile(spec).matcher()
+    b = sync_backend().compile(spec).matcher()
+    ids = encode('{"title": "Launch day"}')
+    for token in ids[:5]:
+        assert a.accept_token(token) and b.accept_token(token)
+    assert a._job is not None  # type: ignore[attr-defined]
+    clone = a.copy()
+    assert torch.equal(row(clone), row(b))
+    a.rollback(2)
+    b.rollback(2)
+    assert a.forced_tokens() == b.forced_tokens()
+    assert torch.equal(row(a), row(b))
+    for token in ids[3:]:
+        assert a.accept_token(token) and b.accept_token(token)  # no fill in between
+    assert torch.equal(row(a), row(b))
+    assert a.accept_token(STOP) and b.accept_token(STOP) and a.is_terminated()
+    assert torch.equal(row(a), row(b))
