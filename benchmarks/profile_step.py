@@ -48,23 +48,15 @@ def sync_ms(fn: Any) -> tuple[Any, float]:
 
 
 def time_phases(runner: ModelRunner, batch: Batch, whole: bool = False) -> list[float]:
-    """ms of building the batch tensors, the model, and logits + sampling (or of the whole step)."""
+    """ms of building the batch tensors, of the model (launch: tensors + model), and of logits +
+    sampling + reading the tokens (or of the whole step)."""
     if whole:
         return [sync_ms(lambda: runner.forward(batch))[1]]
     runner.req_to_token.flush()
-    fb, t_prep = sync_ms(lambda: runner._forward_batch(batch))
-    graphs = runner.graphs
-    if graphs is not None and graphs.can_run(fb):
-        hidden, t_model = sync_ms(lambda: graphs.replay(fb))
-    else:
-
-        def eager() -> torch.Tensor:
-            runner.attn.prepare(fb)
-            return runner.model(fb, runner.attn)
-
-        hidden, t_model = sync_ms(eager)
-    _, t_res = sync_ms(lambda: runner._sample(batch, hidden, []).resolve())
-    return [t_prep, t_model, t_res]
+    _, t_prep = sync_ms(lambda: runner._forward_batch(batch))
+    step, t_model = sync_ms(lambda: runner.launch(batch))
+    _, t_res = sync_ms(lambda: (runner.sample(step), step.resolve()))
+    return [t_prep, t_model - t_prep, t_res]
 
 
 def profile_runner(args: argparse.Namespace) -> None:

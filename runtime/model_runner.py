@@ -56,6 +56,9 @@ class LaunchedStep:
     host_ids: torch.Tensor | None = None  # [S] on the host, valid once `ready` has passed
     ready: torch.cuda.Event | None = None
     logprobs: torch.Tensor | None = None  # [S, V] when some sampling request wants logprobs
+    hidden: torch.Tensor | None = None  # the model's output until `sample` has used it
+    sample_rows: list[int] = field(default_factory=list)  # hidden rows of the samplers
+    in_rows: list[LogprobRows] = field(default_factory=list)  # rows for prompt logprobs
 
     def resolve(self) -> list[ReqStepResult]:
         if self.host_ids is None:
@@ -201,14 +204,17 @@ class ModelRunner:
 
     def forward(self, batch: Batch) -> list[ReqStepResult]:
         """Run one step and wait for its results."""
-        return self.launch(batch).resolve()
+        step = self.launch(batch)
+        self.sample(step)
+        return step.resolve()
 
     @torch.no_grad()
     def launch(self, batch: Batch) -> LaunchedStep:
-        """Queue one step on the device (on CUDA nothing here waits for the GPU unless a request
-        wants prompt logprobs); its tokens are read by `LaunchedStep.resolve`. A request with a
-        sampled token still on the device (`req.ahead`, overlap scheduling) runs that token: it is
-        taken from the previous launch's output on the device."""
+        """Queue the model for one step (on CUDA nothing here waits for the GPU). Which requests
+        sample is decided now; `sample` draws their tokens once the host state they depend on
+        (grammar, penalties) is up to date, and `LaunchedStep.resolve` reads them. A request
+        with a sampled token still on the device (`req.ahead`, overlap scheduling) runs that
+        token: it is taken from the previous launch's output on the device."""
         self.req_to_token.flush()  # the scheduler's slot writes since the last step
         fb = self._forward_batch(batch)
         if self.graphs is not None and self.graphs.can_run(fb):
@@ -218,21 +224,34 @@ class ModelRunner:
             hidden = self.model(fb, self.attn)  # [T, hidden]; on CUDA this only queues kernels
         self.num_forward_tokens += fb.input_ids.numel()
         self.num_forward_passes += 1
-        masked = self._fill_grammar_masks(batch)  # CPU work overlapping the GPU's
-        return self._sample(batch, hidden, masked)
+        self.num_launches += 1
+        step = LaunchedStep(self.num_launches, batch, [ReqStepResult() for _ in batch.reqs])
+        step.hidden = hidden
+        offset = 0
+        for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True)):
+            if _samples(req, n):
+                step.sample_rows.append(offset + n - 1)
+                step.samplers.append(i)
+            if batch.mode == ForwardMode.EXTEND and req.owes_input_logprobs:
+                rows = _input_logprob_rows(req, offset, n)
+                if rows is not None:
+                    step.in_rows.append(LogprobRows(i, *rows))
+            offset += n
+        return step
 
-    def _fill_grammar_masks(self, batch: Batch) -> list[int]:
-        """Bitmask rows for the constrained requests that sample this step; their batch indices."""
+    def _fill_grammar_masks(self, step: LaunchedStep) -> list[int]:
+        """Bitmask rows for the constrained requests that sample this step; their batch indices.
+        (A request that ended since the launch, overlap scheduling, samples unmasked: its token
+        is dropped.)"""
+        reqs = step.batch.reqs
         constrained = [
-            i
-            for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True))
-            if req.grammar is not None and _samples(req, n)
+            i for i in step.samplers if reqs[i].grammar is not None and not reqs[i].finished
         ]
         if constrained and self.bitmask is None:
             self.bitmask = allocate_bitmask(self.req_to_token.max_reqs, self.hf_config.vocab_size)
         for row, i in enumerate(constrained):
             assert self.bitmask is not None
-            batch.reqs[i].grammar.fill_bitmask(self.bitmask, row)
+            reqs[i].grammar.fill_bitmask(self.bitmask, row)
         return constrained
 
     def _forward_batch(self, batch: Batch) -> ForwardBatch:
@@ -281,26 +300,19 @@ class ModelRunner:
             extend_lens_cpu=list(batch.extend_lens),
         )
 
-    def _sample(self, batch: Batch, hidden: torch.Tensor, masked: list[int]) -> LaunchedStep:
-        self.num_launches += 1
-        step = LaunchedStep(self.num_launches, batch, [ReqStepResult() for _ in batch.reqs])
-        sample_rows: list[int] = []  # hidden rows to sample from
-        in_rows: list[LogprobRows] = []
-        offset = 0
-        for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True)):
-            if _samples(req, n):
-                sample_rows.append(offset + n - 1)
-                step.samplers.append(i)
-            if batch.mode == ForwardMode.EXTEND and req.owes_input_logprobs:
-                rows = _input_logprob_rows(req, offset, n)
-                if rows is not None:
-                    in_rows.append(LogprobRows(i, *rows))
-            offset += n
-
-        if in_rows:
-            self._input_logprobs(batch, hidden, in_rows, step.results)
+    @torch.no_grad()
+    def sample(self, step: LaunchedStep) -> None:
+        """Logits, grammar masks and sampling for a launched step; the tokens start their way to
+        the host. Called before the next launch (which may take these tokens as its input)."""
+        hidden, step.hidden = step.hidden, None
+        assert hidden is not None, "sample() called twice for one step"
+        batch = step.batch
+        if step.in_rows:
+            self._input_logprobs(batch, hidden, step.in_rows, step.results)
+        sample_rows = step.sample_rows
         if not sample_rows:
-            return step
+            return
+        masked = self._fill_grammar_masks(step)  # on CUDA: while the GPU runs the model
         if len(sample_rows) == hidden.shape[0]:  # every row samples (decode): no gather
             picked = hidden
         else:
@@ -335,7 +347,6 @@ class ModelRunner:
             step.ready.record()
         else:
             step.host_ids = out.next_ids
-        return step
 
     def _stop_ids(self, req: Req) -> frozenset[int]:
         ids = frozenset(req.params.stop_token_ids)

@@ -264,13 +264,13 @@ class Scheduler:
         return batch
 
     def can_continue(self, step: LaunchedStep) -> bool:
-        """Whether the next step may be scheduled before `step`'s tokens are known: a decode
-        step whose requests need nothing of their last token on the host to run the next one
-        (no grammar mask, penalty or min_new_tokens mask), with room for one more token each."""
+        """Whether the next step may be launched before `step`'s tokens are known on the host:
+        after a decode step, with room for one more token per request. (Its model input is
+        `step`'s tokens on the device; its sampling waits until `step`'s results are processed,
+        so grammar masks, penalties and min_new_tokens see every token before it.)"""
         return (
             self.overlap
             and step.batch.mode == ForwardMode.DECODE
-            and all(_overlap_safe(r) for r in self.running)
             and pages_for_decode(self.running, self.cache) * self.cache.page_size
             <= self.cache.available_tokens
         )
@@ -353,10 +353,13 @@ class Scheduler:
         return step
 
     def process_results(self, step: LaunchedStep | None) -> None:
-        """Process the step launched before `step` (overlap), or `step` itself."""
+        """Process the step launched before `step` (overlap: while the device runs `step`'s
+        model), then sample `step`; without overlap, wait for `step` and process it."""
         older, self.inflight = self.inflight, step
         if older is not None:
             self.finish_step(older)
+        if step is not None:
+            self.runner.sample(step)
         if not self.overlap:
             self.settle()
 
@@ -394,8 +397,11 @@ class Scheduler:
             else:
                 req.output_ids.append(res.next_id)
                 req.finish = check_finish(req, res.next_id, self.info.eos_ids)
+                # NOTE: not while its next token is in flight (overlap): the forced tokens are
+                # then sampled one by one (the mask allows only them), with the same output
                 if self.jump_forward and req.finish is None and not req.return_logprob:
-                    jump_forward(req, self.info.eos_ids)
+                    if req.ahead == 0:
+                        jump_forward(req, self.info.eos_ids)
             if req.finished:
                 self.cache.cache_req(req, release=True)
             elif batch.mode == ForwardMode.EXTEND:
@@ -424,12 +430,6 @@ class Scheduler:
     def reply(self, msg: Message) -> None:
         if self.channel is not None:
             self.channel.send("engine", msg)
-
-
-def _overlap_safe(req: Req) -> bool:
-    """A request whose next step needs no host knowledge of its last sampled token."""
-    p = req.params
-    return req.grammar is None and not p.uses_penalties and len(req.output_ids) >= p.min_new_tokens
 
 
 def run_scheduler_process(

@@ -18,9 +18,10 @@ EOS = 2  # <|im_end|>
 FORCE_WORLD = {"logit_bias": {str(WORLD): 100.0}}
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir: Path) -> Any:
-    with weft.Engine(str(tiny_model_dir), seed=0) as eng:
+@pytest.fixture(scope="module", params=["off", "on"], ids=["plain", "overlap"])
+def engine(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Any:
+    """Every feature both ways: overlap scheduling (the CUDA default) forced on, and off."""
+    with weft.Engine(str(tiny_model_dir), seed=0, overlap_schedule=request.param) as eng:
         yield eng
 
 

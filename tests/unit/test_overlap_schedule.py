@@ -1,14 +1,18 @@
-"""Overlap scheduling (step t+1 scheduled and launched before step t's tokens are on the host):
-in-process schedulers on a tiny random model give the same outputs with overlap on and off through
-stop tokens found mid-run, length limits, penalties and min_new_tokens (which make it wait), pages,
-chunked prefill, retraction, seeded sampling and an abort; KV slots are conserved."""
+"""Overlap scheduling (step t+1 scheduled and its model launched before step t's tokens are on the
+host; its sampling after they are): in-process schedulers on a tiny random model give the same
+outputs with overlap on and off through stop tokens found mid-run, length limits, penalties,
+min_new_tokens, grammar masks with jump-forward, pages, chunked prefill, retraction, seeded sampling
+and an abort; KV slots are conserved."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import transformers
 
 from weft.runtime.config import EngineConfig
 from weft.runtime.distributed import Inbox
@@ -49,13 +53,16 @@ def run(
     for i, (ids, p) in enumerate(zip(prompts(), params, strict=False)):
         sched.add_request(TokenizedGenerateReq(f"r{i}", ids, p, p.max_new_tokens or 0))
     steps = 0
-    while sched.has_work():  # the loop of run_forever, without a channel
-        if abort_at is not None and steps == abort_at[0]:
-            sched.apply(Inbox([], [], [AbortReq(rid=abort_at[1])]))
+    while sched.has_work() or sched.grammars.pending:  # run_forever's loop, without a channel
+        ready, failed = sched.grammars.scan()
+        msgs = [AbortReq(rid=abort_at[1])] if abort_at is not None and steps == abort_at[0] else []
+        sched.apply(Inbox(ready, failed, msgs))
         batch = sched.schedule()
         sched.process_results(sched.launch(batch))
+        if batch is None:
+            time.sleep(0.005)  # grammars compiling
         steps += 1
-        assert steps < 2000, "the scheduler does not finish"
+        assert steps < 4000, "the scheduler does not finish"
     sched.cache.check_conservation()
     assert all(r.ahead == 0 for r in sched.running)
     return done, sched
@@ -92,14 +99,48 @@ def test_lengths_and_stop_tokens_found_mid_run(tiny_model_dir: Path, config: Any
     assert any(kind == "stop" for _, kind in stopped.values())
 
 
-def test_requests_that_need_their_last_token_wait_for_it(tiny_model_dir: Path) -> None:
-    # while one of them runs, steps wait; once they are done, the rest overlap
+def test_penalties_and_min_new_tokens_see_every_token(tiny_model_dir: Path) -> None:
     mixed = [
-        greedy(3, frequency_penalty=0.5) if i % 3 == 0 else greedy(16, ignore_eos=True)
+        greedy(16, frequency_penalty=0.8, presence_penalty=0.5)
+        if i % 3 == 0
+        else greedy(16, repetition_penalty=1.3)
+        if i % 3 == 1
+        else greedy(16, ignore_eos=True)
         for i in range(10)
     ]
-    mixed[1] = greedy(16, min_new_tokens=6, stop_token_ids=[2, 3, 5])
+    mixed[2] = greedy(16, min_new_tokens=8, stop_token_ids=[2, 3, 5])
     check_same(tiny_model_dir, mixed)
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "tags": {"type": "array", "items": {"enum": ["a", "bc"]}, "maxItems": 2},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["name", "tags", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("jump_forward", [True, False])
+def test_grammar_masks_see_every_token(tiny_model_dir: Path, jump_forward: bool) -> None:
+    params = []
+    for i in range(10):
+        if i % 2:
+            params.append(greedy(60, json_schema=json.dumps(SCHEMA)))
+        elif i % 4 == 0:
+            params.append(greedy(20, regex=r"(yes|no), [a-z]{2,5} [0-9]{1,3}\."))
+        else:
+            params.append(greedy(12, ignore_eos=True))
+    outs = check_same(tiny_model_dir, params, disable_jump_forward=not jump_forward)
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    done = [i for i in range(1, 10, 2) if outs[f"r{i}"][1] == "stop"]
+    assert len(done) >= 3, outs
+    for i in done:
+        value = json.loads(tok.decode(outs[f"r{i}"][0], skip_special_tokens=True))
+        assert set(value) == {"name", "tags", "age"} and 0 <= value["age"] <= 99, value
 
 
 def test_retraction(tiny_model_dir: Path) -> None:
