@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from .bitmask import apply_token_bitmask
     from .decode import decode_attention, decode_num_kv_splits
     from .extend import extend_attention
+    from .kv_indices import kv_page_indices
     from .kv_store import store_kv
     from .norm import fused_add_rmsnorm, rmsnorm
     from .rotary import cos_sin_cache, rotary_embedding
@@ -26,6 +27,7 @@ _EXPORTS = {
     "decode_num_kv_splits": "decode",
     "extend_attention": "extend",
     "fused_add_rmsnorm": "norm",
+    "kv_page_indices": "kv_indices",
     "rmsnorm": "norm",
     "rotary_embedding": "rotary",
     "silu_and_mul": "activation",
@@ -39,6 +41,7 @@ __all__ = [
     "decode_num_kv_splits",
     "extend_attention",
     "fused_add_rmsnorm",
+    "kv_page_indices",
     "rmsnorm",
     "rotary_embedding",
     "silu_and_mul",

@@ -134,3 +134,14 @@ def apply_token_bitmask_ref(
     idx = torch.arange(logits.shape[0], device=logits.device) if rows is None else rows.long()
     out[idx] = out[idx].masked_fill(~allowed, float("-inf"))
     return out
+
+
+def kv_page_indices_ref(
+    req_to_token: torch.Tensor, req_rows: torch.Tensor, num_pages: list[int], page_size: int
+) -> torch.Tensor:
+    """int32 [sum(num_pages)]: for each request b, the pages of its positions 0, P, 2P, ..."""
+    parts = [
+        req_to_token[int(r), : n * page_size : page_size] // page_size
+        for r, n in zip(req_rows.tolist(), num_pages, strict=True)
+    ]
+    return torch.cat(parts).to(torch.int32) if parts else torch.zeros(0, dtype=torch.int32)

@@ -104,5 +104,6 @@ class GraphRunner:
             self.out_cache_loc[b:bs].zero_()
             self.req_rows[b:bs].fill_(self.pad_row)
             self.seq_lens[b:bs].zero_()
+        self.attn.prepare_replay(fb, bs)
         self.graphs[bs].replay()
         return self.hidden[:b]

@@ -29,7 +29,7 @@ _HELP = {
     "schedule_policy": "fcfs or lpm (longest cached prefix first)",
     "disable_radix_cache": "turn prefix caching off",
     "attention_backend": "auto (triton on CUDA, torch on CPU), triton, flashinfer or torch",
-    "disable_cuda_graph": "run decode steps eagerly on CUDA (flashinfer needs this for now)",
+    "disable_cuda_graph": "run decode steps eagerly on CUDA instead of replaying CUDA graphs",
     "cuda_graph_max_bs": "largest decode batch captured in a CUDA graph",
     "disable_fused_kernels": "CUDA: torch ops instead of weft's Triton norm/rotary/SiLU kernels",
     "overlap_schedule": "auto (on with CUDA), on or off: prepare step t+1 while step t runs",

@@ -46,7 +46,8 @@ def available_backends() -> list[str]:
 
 
 def resolve_backend_name(name: str, device: str) -> str:
-    """`auto`: weft's Triton kernels on CUDA (they run inside CUDA graphs), torch elsewhere."""
+    """`auto`: weft's Triton kernels on CUDA (on the H200 they measured as fast as FlashInfer's
+    in CUDA graphs, see BENCHMARKS.md, and they take any head_dim), torch elsewhere."""
     if name == "auto":
         return "triton" if device == "cuda" else "torch"
     if name not in _REGISTRY:

@@ -45,3 +45,8 @@ class AttentionBackend(ABC):
         """Metadata for capturing a decode step of `batch.batch_size` requests in a CUDA graph:
         it may depend only on the batch size (the inputs are static buffers filled at replay)."""
         raise TypeError(f"{type(self).__name__} cannot run inside CUDA graphs")
+
+    def prepare_replay(self, batch: ForwardBatch, padded_size: int) -> None:  # noqa: B027
+        """Before replaying the graph of `padded_size` for the real decode `batch` (its tensors
+        already copied into the graph's static buffers): update what the kernels read that is
+        not a static buffer. Nothing, unless the backend plans per step."""

@@ -12,13 +12,23 @@ from tests.conftest import save_word_tokenizer
 
 @pytest.fixture(scope="module")
 def random_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 4-layer random Llama (8 q / 2 kv heads, untied) with a word-level tokenizer."""
+    """A 4-layer random Llama (8 q / 2 kv heads of 32, untied) with a word-level tokenizer."""
+    return _random_llama(tmp_path_factory, 256)
+
+
+@pytest.fixture(scope="module")
+def random_llama_d64(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same with heads of 64 (FlashInfer's kernels take 64, 128 or 256)."""
+    return _random_llama(tmp_path_factory, 512)
+
+
+def _random_llama(tmp_path_factory: pytest.TempPathFactory, hidden: int) -> Path:
     import transformers
 
     folder = tmp_path_factory.mktemp("gpu-llama")
     config = transformers.LlamaConfig(
         vocab_size=4096,
-        hidden_size=256,
+        hidden_size=hidden,
         intermediate_size=512,
         num_hidden_layers=4,
         num_attention_heads=8,

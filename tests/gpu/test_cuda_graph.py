@@ -1,4 +1,5 @@
-"""CUDA-graph decode replays give the eager decode's hidden states, padded batches included."""
+"""CUDA-graph decode replays give the eager decode's hidden states, padded batches included
+(Triton and FlashInfer backends)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from weft.runtime.models import build_model, init_dummy_weights
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def test_graph_replay_equals_eager_decode() -> None:
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+def test_graph_replay_equals_eager_decode(backend: str) -> None:
+    if backend == "flashinfer":
+        pytest.importorskip("flashinfer")
     config = transformers.LlamaConfig(
         vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
         num_attention_heads=8, num_key_value_heads=2, head_dim=128,
@@ -31,7 +35,7 @@ def test_graph_replay_equals_eager_decode() -> None:
     for layer in range(2):  # some KV for the prefix
         pool.k[layer].normal_()
         pool.v[layer].normal_()
-    attn = create_attention_backend("triton", "cuda", pool, table.table, 16)
+    attn = create_attention_backend(backend, "cuda", pool, table.table, 16)
     graphs = GraphRunner(model, attn, 8, 512, torch.bfloat16, torch.device("cuda"), pad_row=0)
     graphs.capture()
     b = len(lens)

@@ -1,5 +1,7 @@
-"""The engine on CUDA (torch attention backend): exact greedy match with HF in float32 on a random
-model, and a bf16 Llama-3.1-8B-shaped engine with dummy weights. Skipped without CUDA."""
+"""The engine on CUDA: exact greedy match with HF in float32 on a random model (torch attention);
+in bf16 every attention backend, eager and in CUDA graphs, with overlap scheduling on (the CUDA
+default) and off, gives the torch backend's greedy tokens; and a bf16 Llama-3.1-8B-shaped engine
+with dummy weights. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -49,8 +51,43 @@ def test_fp32_cuda_greedy_equals_hf(random_llama: Path, unfused: bool) -> None:
         assert out["output_ids"] == ref[0, ids.shape[1] :].tolist(), prompt
 
 
+def test_bf16_backends_give_the_torch_backends_greedy_tokens(random_llama_d64: Path) -> None:
+    import importlib.util
+
+    prompts = [f"w{i} w{3 * i + 1} w{7 * i + 2} w{i * i % 4000}" for i in range(1, 13)]
+    params = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
+    variants: list[dict[str, Any]] = [
+        {"attention_backend": "torch", "disable_cuda_graph": True, "overlap_schedule": "off"},
+        {"attention_backend": "triton"},
+        {"attention_backend": "triton", "overlap_schedule": "off"},
+        {"attention_backend": "triton", "disable_cuda_graph": True},
+    ]
+    if importlib.util.find_spec("flashinfer") is not None:
+        variants += [
+            {"attention_backend": "flashinfer"},
+            {"attention_backend": "flashinfer", "disable_cuda_graph": True},
+        ]
+    got = []
+    for kwargs in variants:
+        with weft.Engine(str(random_llama_d64), device="cuda", page_size=16, **kwargs) as eng:
+            got.append([o["output_ids"] for o in eng.generate(prompts, params)])
+    reference = got[0]
+    for kwargs, outs in zip(variants[1:], got[1:], strict=True):
+        # bf16 kernels round differently: a near-tie may flip one prompt's argmax somewhere
+        same = sum(a == b for a, b in zip(outs, reference, strict=True))
+        print(json.dumps({**kwargs, "prompts_identical": f"{same}/{len(prompts)}"}))
+        assert same >= len(prompts) - 1, (kwargs, same)
+
+
 @pytest.mark.parametrize(
-    ("backend", "eager"), [("auto", False), ("triton", True), ("flashinfer", True), ("torch", True)]
+    ("backend", "eager"),
+    [
+        ("auto", False),
+        ("flashinfer", False),
+        ("triton", True),
+        ("flashinfer", True),
+        ("torch", True),
+    ],
 )
 def test_bf16_llama8b_dummy_engine(tmp_path: Path, backend: str, eager: bool) -> None:
     """Loads the 8B shape with random weights straight onto the GPU and serves a batch."""

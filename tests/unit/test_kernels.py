@@ -25,7 +25,17 @@ triton = pytest.importorskip(
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ("activation", "bitmask", "decode", "extend", "kv_store", "norm", "reference", "rotary")
+MODULES = (
+    "activation",
+    "bitmask",
+    "decode",
+    "extend",
+    "kv_indices",
+    "kv_store",
+    "norm",
+    "reference",
+    "rotary",
+)
 NAN = float("nan")
 
 
@@ -386,3 +396,20 @@ def test_apply_token_bitmask(
     want = ref.apply_token_bitmask_ref(logits, bitmask, row_t)
     wk.apply_token_bitmask(logits, bitmask, row_t)
     assert torch.equal(logits, want)
+
+
+@pytest.mark.parametrize("page", [1, 4, 16])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@interpreted
+def test_kv_page_indices(page: int, index_dtype: torch.dtype) -> None:
+    lens = [1, 17, 300, 5, 64]  # 300 tokens of page 1: more pages than one block of the kernel
+    pool = make_pool(lens, lens, page, 1, 4, torch.float32)
+    num_pages = [-(-n // page) for n in lens]
+    indptr = torch.tensor([0, *num_pages], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    total = int(indptr[-1])
+    out = torch.full((total + 3,), -7, dtype=torch.int32)  # poisoned, and 3 past the end
+    table, rows = pool.req_to_token.to(index_dtype), pool.req_rows.to(index_dtype)
+    wk.kv_page_indices(table, rows, indptr, out, page)
+    expected = ref.kv_page_indices_ref(pool.req_to_token, pool.req_rows, num_pages, page)
+    assert torch.equal(out[:total], expected)
+    assert (out[total:] == -7).all(), "wrote past the last page"
