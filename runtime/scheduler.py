@@ -8,33 +8,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from weft.constrain import GrammarError
 from weft.radix import NoCache, PrefixCache, RadixCache
 from weft.runtime.batch import Batch, ForwardMode
 from weft.runtime.cache_manager import KVCacheManager
 from weft.runtime.config import EngineConfig
 from weft.runtime.decode import build_decode_batch, pages_for_decode, retract_for_decode
 from weft.runtime.distributed import Inbox, TPGroup, batch_digest, init_tp_group
-from weft.runtime.finish import StopState, check_finish, jump_forward, token_out
-from weft.runtime.grammar import GrammarQueue, grammar_spec
+from weft.runtime.finish import check_finish, jump_forward, token_out
+from weft.runtime.grammar import GrammarQueue
+from weft.runtime.intake import RequestIntake
 from weft.runtime.ipc import Channel, Endpoints, parent_alive, run_child
 from weft.runtime.loader import load_tokenizer, read_hf_config
-from weft.runtime.messages import (
-    AbortReq,
-    BatchTokenOut,
-    FinishReason,
-    FlushCacheOut,
-    FlushCacheReq,
-    GetStateReq,
-    Message,
-    StateOut,
-    TokenizedGenerateReq,
-)
+from weft.runtime.messages import BatchTokenOut, FinishReason, Message, TokenizedGenerateReq
 from weft.runtime.model_info import ModelInfo
-from weft.runtime.model_runner import LaunchedStep, ModelRunner, ReqStepResult
+from weft.runtime.model_runner import ModelRunner
 from weft.runtime.prefill import PrefillAdder, SharedPrefixGate, decode_reserve, order_waiting
 from weft.runtime.request import Req
-from weft.runtime.sampler import make_generator
+from weft.runtime.step import LaunchedStep, ReqStepResult
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +36,7 @@ GRAMMAR_POLL_MS = 2  # while grammars compile, look for finished ones this often
 FOLLOWER_GRAMMAR_TIMEOUT_SCALE = 4  # followers only wait for compiles rank 0 finished
 
 
-class Scheduler:
+class Scheduler(RequestIntake):
     """One per tensor-parallel rank. Rank 0 owns the channel and shares what it receives; every
     rank then runs the same deterministic schedule on the same inputs (rank 0's sampled tokens),
     so the radix cache, the KV accounting and the grammar matchers stay identical everywhere."""
@@ -162,94 +152,6 @@ class Scheduler:
         if not self.checked_idle:
             self.cache.check_conservation()
             self.checked_idle = True
-
-    ##### Requests in #####
-
-    def handle(self, msg: Message) -> None:
-        if isinstance(msg, TokenizedGenerateReq):
-            try:
-                self.add_request(msg)
-            except Exception as e:  # a bug, but only this request may pay for it
-                logger.exception("could not admit request %s", msg.rid)
-                req = Req.from_msg(msg, msg.max_new_tokens, self.arrivals)
-                req.finish = FinishReason("abort", message=f"internal error: {e}", status=500)
-                self.emit([req])
-        elif isinstance(msg, AbortReq):
-            self.abort(msg)
-        elif isinstance(msg, FlushCacheReq):
-            self.reply(self.flush_cache())
-        elif isinstance(msg, GetStateReq):
-            self.reply(StateOut(self.state()))
-        else:
-            logger.error("scheduler got an unexpected message %s", type(msg).__name__)
-
-    def add_request(self, msg: TokenizedGenerateReq) -> None:
-        self.arrivals += 1
-        req = Req.from_msg(msg, msg.max_new_tokens, self.arrivals)
-        problem = self.info.check_request(
-            len(req.input_ids), req.max_new_tokens, self.max_total_tokens
-        )
-        if problem is None and any(t >= self.info.vocab_size or t < 0 for t in req.input_ids):
-            problem = "input_ids contain a token id outside the vocabulary"
-        if problem is not None:  # the engine checks these too; never trust the socket
-            req.finish = FinishReason("abort", message=problem)
-            self.emit([req])
-            return
-        if req.params.sampling_seed is not None:
-            req.generator = make_generator(req.params.sampling_seed, self.runner.device)
-        req.stop_state = StopState.for_req(req, self.tokenizer)
-        self.checked_idle = False
-        try:
-            spec = grammar_spec(req.params)
-            if spec is not None:
-                self.grammars.submit(req, spec)
-        except GrammarError as e:
-            req.finish = FinishReason("abort", message=str(e), status=400)
-            self.emit([req])
-            return
-        if spec is None:
-            self.waiting.append(req)
-
-    def abort(self, msg: AbortReq) -> None:
-        def hit(r: Req) -> bool:
-            return msg.abort_all or r.rid == msg.rid
-
-        aborted = [r for r in self.waiting if hit(r)]
-        self.waiting = [r for r in self.waiting if not hit(r)]
-        aborted += self.grammars.remove(None if msg.abort_all else {msg.rid})
-        for req in [*self.running, *([self.chunked] if self.chunked else [])]:
-            if hit(req):
-                self.cache.cache_req(req, release=True)
-                aborted.append(req)
-        self.running = [r for r in self.running if not hit(r)]
-        if self.chunked is not None and hit(self.chunked):
-            self.chunked = None
-        for req in aborted:
-            req.finish = FinishReason("abort", message="aborted by request")
-        self.emit(aborted)
-
-    def flush_cache(self) -> FlushCacheOut:
-        if self.has_work() or self.grammars.pending:
-            return FlushCacheOut(False, "Cache not flushed: there are running or waiting requests.")
-        self.cache.tree.reset()
-        return FlushCacheOut(True, "Cache flushed.")
-
-    def state(self) -> dict[str, Any]:
-        alloc = self.runner.allocator
-        return {
-            "num_running": len(self.running),
-            "num_waiting": len(self.waiting) + (1 if self.chunked else 0),
-            "max_total_tokens": self.max_total_tokens,
-            "free_tokens": alloc.free_slots,
-            "evictable_tokens": self.cache.tree.evictable_size(),
-            "protected_tokens": self.cache.tree.protected_size(),
-            "num_forward_tokens": self.runner.num_forward_tokens,
-            "num_forward_passes": self.runner.num_forward_passes,
-            "num_compiling": len(self.grammars.pending),
-            "new_token_ratio": self.new_token_ratio,
-            "page_size": self.runner.page_size,
-            **self.stats,
-        }
 
     ##### Scheduling #####
 

@@ -1,0 +1,143 @@
+"""RequestIntake: the scheduler's handling of what arrives: new requests, aborts, flush, state."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from weft.constrain import GrammarError
+from weft.runtime.cache_manager import KVCacheManager
+from weft.runtime.finish import StopState
+from weft.runtime.grammar import GrammarQueue, grammar_spec
+from weft.runtime.messages import (
+    AbortReq,
+    FinishReason,
+    FlushCacheOut,
+    FlushCacheReq,
+    GetStateReq,
+    Message,
+    StateOut,
+    TokenizedGenerateReq,
+)
+from weft.runtime.model_info import ModelInfo
+from weft.runtime.model_runner import ModelRunner
+from weft.runtime.request import Req
+from weft.runtime.sampler import make_generator
+
+logger = logging.getLogger(__name__)
+
+
+class RequestIntake:
+    """Mixed into the Scheduler, whose state it reads and changes (declared below)."""
+
+    arrivals: int
+    info: ModelInfo
+    runner: ModelRunner
+    tokenizer: Any
+    checked_idle: bool
+    grammars: GrammarQueue
+    cache: KVCacheManager
+    waiting: list[Req]
+    running: list[Req]
+    chunked: Req | None
+    new_token_ratio: float
+    stats: dict[str, int]
+
+    @property
+    def max_total_tokens(self) -> int:
+        raise NotImplementedError
+
+    def has_work(self) -> bool:
+        raise NotImplementedError
+
+    def emit(self, reqs: list[Req]) -> None:
+        raise NotImplementedError
+
+    def reply(self, msg: Message) -> None:
+        raise NotImplementedError
+
+    def handle(self, msg: Message) -> None:
+        if isinstance(msg, TokenizedGenerateReq):
+            try:
+                self.add_request(msg)
+            except Exception as e:  # a bug, but only this request may pay for it
+                logger.exception("could not admit request %s", msg.rid)
+                req = Req.from_msg(msg, msg.max_new_tokens, self.arrivals)
+                req.finish = FinishReason("abort", message=f"internal error: {e}", status=500)
+                self.emit([req])
+        elif isinstance(msg, AbortReq):
+            self.abort(msg)
+        elif isinstance(msg, FlushCacheReq):
+            self.reply(self.flush_cache())
+        elif isinstance(msg, GetStateReq):
+            self.reply(StateOut(self.state()))
+        else:
+            logger.error("scheduler got an unexpected message %s", type(msg).__name__)
+
+    def add_request(self, msg: TokenizedGenerateReq) -> None:
+        self.arrivals += 1
+        req = Req.from_msg(msg, msg.max_new_tokens, self.arrivals)
+        problem = self.info.check_request(
+            len(req.input_ids), req.max_new_tokens, self.max_total_tokens
+        )
+        if problem is None and any(t >= self.info.vocab_size or t < 0 for t in req.input_ids):
+            problem = "input_ids contain a token id outside the vocabulary"
+        if problem is not None:  # the engine checks these too; never trust the socket
+            req.finish = FinishReason("abort", message=problem)
+            self.emit([req])
+            return
+        if req.params.sampling_seed is not None:
+            req.generator = make_generator(req.params.sampling_seed, self.runner.device)
+        req.stop_state = StopState.for_req(req, self.tokenizer)
+        self.checked_idle = False
+        try:
+            spec = grammar_spec(req.params)
+            if spec is not None:
+                self.grammars.submit(req, spec)
+        except GrammarError as e:
+            req.finish = FinishReason("abort", message=str(e), status=400)
+            self.emit([req])
+            return
+        if spec is None:
+            self.waiting.append(req)
+
+    def abort(self, msg: AbortReq) -> None:
+        def hit(r: Req) -> bool:
+            return msg.abort_all or r.rid == msg.rid
+
+        aborted = [r for r in self.waiting if hit(r)]
+        self.waiting = [r for r in self.waiting if not hit(r)]
+        aborted += self.grammars.remove(None if msg.abort_all else {msg.rid})
+        for req in [*self.running, *([self.chunked] if self.chunked else [])]:
+            if hit(req):
+                self.cache.cache_req(req, release=True)
+                aborted.append(req)
+        self.running = [r for r in self.running if not hit(r)]
+        if self.chunked is not None and hit(self.chunked):
+            self.chunked = None
+        for req in aborted:
+            req.finish = FinishReason("abort", message="aborted by request")
+        self.emit(aborted)
+
+    def flush_cache(self) -> FlushCacheOut:
+        if self.has_work() or self.grammars.pending:
+            return FlushCacheOut(False, "Cache not flushed: there are running or waiting requests.")
+        self.cache.tree.reset()
+        return FlushCacheOut(True, "Cache flushed.")
+
+    def state(self) -> dict[str, Any]:
+        alloc = self.runner.allocator
+        return {
+            "num_running": len(self.running),
+            "num_waiting": len(self.waiting) + (1 if self.chunked else 0),
+            "max_total_tokens": self.max_total_tokens,
+            "free_tokens": alloc.free_slots,
+            "evictable_tokens": self.cache.tree.evictable_size(),
+            "protected_tokens": self.cache.tree.protected_size(),
+            "num_forward_tokens": self.runner.num_forward_tokens,
+            "num_forward_passes": self.runner.num_forward_passes,
+            "num_compiling": len(self.grammars.pending),
+            "new_token_ratio": self.new_token_ratio,
+            "page_size": self.runner.page_size,
+            **self.stats,
+        }
