@@ -39,7 +39,8 @@ def grammar_spec(params: SamplingParams) -> GrammarSpec | None:
 
 class GrammarQueue:
     """Compiles in the background (GrammarCompiler: timeout, LRU cache incl. failures); the backend
-    (vocabulary tables, ~1 s) is built on the first constrained request."""
+    (vocabulary tables, ~1 s) is built by `start_backend` (the scheduler calls it at start-up on
+    GPUs) or else on the first constrained request."""
 
     def __init__(
         self,
@@ -83,6 +84,15 @@ class GrammarQueue:
                 raise GrammarError(self.broken) from e
             self.compiler = GrammarCompiler(backend, timeout_s=self.timeout_s)
         return self.compiler
+
+    def start_backend(self) -> None:
+        """Build the backend now (at start-up) instead of on the first constrained request,
+        whose ~1 s build would otherwise stall every running request once. A backend that
+        cannot start is remembered and refuses constrained requests with the reason."""
+        try:
+            self._compiler()
+        except GrammarError:
+            pass  # logged; every constrained request gets the reason
 
     def submit(self, req: Req, spec: GrammarSpec) -> None:
         req.grammar_handle = self._compiler().submit(spec)

@@ -83,6 +83,8 @@ class Scheduler(RequestIntake):
             self.info.eos_ids,
             timeout_s=config.grammar_timeout * scale,
         )
+        if self.runner.device.type == "cuda":  # a server: no ~1 s stall at the first schema
+            self.grammars.start_backend()
         self.jump_forward = not config.disable_jump_forward
         self.overlap = config.resolved_overlap
         self.inflight: LaunchedStep | None = None  # launched, results not yet processed

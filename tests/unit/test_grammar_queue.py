@@ -28,6 +28,23 @@ def test_a_backend_that_cannot_start_is_a_grammar_error_not_a_crash() -> None:
     assert queue.pending == []
 
 
+def test_start_backend_builds_it_once_and_remembers_a_failure(default_model_dir: Any) -> None:
+    from weft.runtime.loader import load_tokenizer
+
+    tok = load_tokenizer(default_model_dir)
+    queue = GrammarQueue(EngineConfig(), tok, len(tok), frozenset({tok.eos_token_id}))
+    queue.start_backend()
+    compiler = queue.compiler
+    assert compiler is not None
+    queue.submit(req("a"), GrammarSpec.regex("[ab]+"))
+    assert queue.compiler is compiler  # not rebuilt
+    queue.close()
+    broken = GrammarQueue(EngineConfig(), tokenizer=object(), vocab_size=10, stop_ids=frozenset())
+    broken.start_backend()  # no raise: the reason waits for the first constrained request
+    with pytest.raises(GrammarError, match="backend failed to start"):
+        broken.submit(req("b"), GrammarSpec.regex("[ab]+"))
+
+
 def test_scan_then_take_by_position(default_model_dir: Any) -> None:
     from weft.runtime.loader import load_tokenizer
 
