@@ -53,7 +53,8 @@ class EngineConfig:
     grammar_backend: Literal["llguidance", "outlines"] = "llguidance"
     grammar_timeout: float = 10.0  # seconds a grammar may take to compile before a 400
     strict_schemas: bool = False  # refuse JSON-schema keywords the backend cannot enforce
-    disable_jump_forward: bool = False  # constrained decoding: sample forced tokens one by one
+    # constrained decoding: sample forced tokens one by one (always so with overlap scheduling)
+    disable_jump_forward: bool = False
     cache_dir: str | None = None  # converted models; default ~/.cache/weft
     cpu_threads: int | None = None  # torch intra-op threads of the scheduler on CPU; None: torch's
     log_level: str = "warning"

@@ -85,8 +85,11 @@ class Scheduler(RequestIntake):
         )
         if self.runner.device.type == "cuda":  # a server: no ~1 s stall at the first schema
             self.grammars.start_backend()
-        self.jump_forward = not config.disable_jump_forward
         self.overlap = config.resolved_overlap
+        # NOTE: with overlap, forced tokens are sampled one by one (the mask allows only them: the
+        # same output). Appending them would make the next step an eager extend that no step
+        # can overlap, and with many constrained requests some always have forced tokens.
+        self.jump_forward = not config.disable_jump_forward and not self.overlap
         self.inflight: LaunchedStep | None = None  # launched, results not yet processed
 
     @property
@@ -301,11 +304,8 @@ class Scheduler(RequestIntake):
             else:
                 req.output_ids.append(res.next_id)
                 req.finish = check_finish(req, res.next_id, self.info.eos_ids)
-                # NOTE: not while its next token is in flight (overlap): the forced tokens are
-                # then sampled one by one (the mask allows only them), with the same output
                 if self.jump_forward and req.finish is None and not req.return_logprob:
-                    if req.ahead == 0:
-                        jump_forward(req, self.info.eos_ids)
+                    jump_forward(req, self.info.eos_ids)
             if req.finished:
                 self.cache.cache_req(req, release=True)
             elif batch.mode == ForwardMode.EXTEND:

@@ -39,7 +39,7 @@ _HELP = {
     "grammar_backend": "llguidance or outlines",
     "grammar_timeout": "seconds a grammar may compile before the request gets a 400",
     "strict_schemas": "refuse JSON-schema keywords the grammar backend cannot enforce",
-    "disable_jump_forward": "sample grammar-forced tokens one by one",
+    "disable_jump_forward": "sample grammar-forced tokens one by one (so with overlap anyway)",
 }
 
 
