@@ -115,6 +115,7 @@ def profile_scheduler(args: argparse.Namespace) -> None:
         disable_cuda_graph=args.eager,
         disable_fused_kernels=args.unfused,
         overlap_schedule=args.overlap,
+        page_size=args.page_size,
         context_length=args.input_len + args.output_len + 64,
         max_running_requests=args.max_running,
         cuda_graph_max_bs=args.max_running,
@@ -190,6 +191,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=200)
     ap.add_argument("--max-running", type=int, default=256)
     ap.add_argument("--overlap", default="auto", choices=["auto", "on", "off"])
+    ap.add_argument("--page-size", type=int, default=None, help="default: the device's")
     ap.add_argument("--cprofile", action="store_true", help="cProfile the scheduler's host work")
     args = ap.parse_args()
     if args.what == "runner":

@@ -74,6 +74,33 @@ class KVCacheManager:
             self.table.write(req.row, req.kv_len + room, fresh)
         return True
 
+    def alloc_decode(self, reqs: list[Req]) -> bool:
+        """`alloc(req, 1)` for every request, batched (a decode step's hot path): the slot after
+        each request's last one, or a fresh page for those whose last page is full."""
+        p = self.page_size
+        fresh = [i for i, r in enumerate(reqs) if r.kv_len % p == 0]
+        pages: list[int] = []
+        if fresh:
+            short = len(fresh) * p - self.allocator.free_slots
+            if short > self.tree.evictable_size():
+                return False
+            if short > 0:
+                self.tree.evict(short)
+            got = self.allocator.alloc_pages(len(fresh))
+            if got is None:
+                return False
+            pages = got
+        rows = [r.row for r in reqs]
+        cols = [r.kv_len for r in reqs]
+        assert None not in rows, "decode of a request without a table row"
+        rows_t = torch.tensor(rows, dtype=torch.int64)
+        cols_t = torch.tensor(cols, dtype=torch.int64)
+        slots = self.table.cpu[rows_t, (cols_t - 1).clamp_(min=0)] + 1  # the next slot, same page
+        if fresh:
+            slots[torch.tensor(fresh)] = torch.tensor(pages, dtype=torch.int64) * p
+        self.table.write_cells(rows_t, cols_t, slots)
+        return True
+
     def cache_req(self, req: Req, release: bool) -> None:
         """Put the request's computed KV into the tree; with `release`, give up all its slots."""
         assert req.row is not None

@@ -34,8 +34,11 @@ def build_decode_batch(running: list[Req], cache: KVCacheManager) -> Batch:
     """Slots for each running request's new tokens: its last sampled token, plus any tokens a
     grammar forced after it (jump-forward). Callers retract first, so this cannot fail."""
     lens = [r.extend_len for r in running]
-    for req, n in zip(running, lens, strict=True):
-        ok = cache.alloc(req, n)
-        assert ok, "decode allocation failed after retraction"
-    mode = ForwardMode.DECODE if all(n == 1 for n in lens) else ForwardMode.EXTEND
+    one_each = all(n == 1 for n in lens)
+    if one_each:
+        ok = cache.alloc_decode(running)
+    else:
+        ok = all(cache.alloc(req, n) for req, n in zip(running, lens, strict=True))
+    assert ok, "decode allocation failed after retraction"
+    mode = ForwardMode.DECODE if one_each else ForwardMode.EXTEND
     return Batch(mode, list(running), lens)

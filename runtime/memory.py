@@ -140,6 +140,13 @@ class ReqToTokenPool:
             self._dirty_rows += [row] * n
             self._dirty_cols += range(start, start + n)
 
+    def write_cells(self, rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor) -> None:
+        """table[rows[i], cols[i]] <- slots[i] for each i (reaches `table` at flush)."""
+        self.cpu[rows, cols] = slots
+        if self.cpu is not self.table:
+            self._dirty_rows += rows.tolist()
+            self._dirty_cols += cols.tolist()
+
     def flush(self) -> None:
         """Copy the writes since the last flush to the device table: one transfer, one scatter."""
         if not self._dirty_rows:

@@ -352,6 +352,47 @@ def test_alloc_fills_the_partial_last_page_first(
     release_all(cache, [req])
 
 
+@pytest.mark.parametrize("mirror", [False, True])
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_batched_decode_alloc_equals_one_request_at_a_time(page_size: int, mirror: bool) -> None:
+    """alloc_decode (the decode hot path) takes the same slots and pages as alloc(req, 1) for
+    each request in order, with requests on partial pages and at page boundaries."""
+    tables = []
+    for batched in (False, True):
+        cache = make_cache(page_size, num_pages=512 // page_size + 16, max_reqs=6, max_context=96)
+        if mirror:
+            cache.table = ReqToTokenPool(6, 96, "cpu", mirror=True)
+        reqs = [make_req(f"r{i}", list(range(3 + 5 * i))) for i in range(6)]
+        for req in reqs:
+            prefill(cache, req)
+        for _ in range(2 * page_size + 1):  # crosses page boundaries at different steps
+            if batched:
+                assert cache.alloc_decode(reqs)
+            else:
+                assert all(cache.alloc(r, 1) for r in reqs)
+            for req in reqs:
+                req.kv_len += 1
+                req.output_ids.append(9)
+            cache.table.flush()  # what the accounting reads
+            assert_accounted(cache, reqs)
+        cache.table.flush()
+        assert torch.equal(cache.table.table, cache.table.cpu)
+        tables.append((cache.table.cpu.clone(), cache.allocator.free_slots))
+        release_all(cache, reqs)
+    assert torch.equal(tables[0][0], tables[1][0]) and tables[0][1] == tables[1][1]
+
+
+def test_batched_decode_alloc_fails_cleanly_when_the_pool_is_full() -> None:
+    cache = make_cache(4, num_pages=4, max_reqs=3)  # 3 usable pages
+    reqs = [make_req(f"r{i}", [1, 2, 3, 4]) for i in range(3)]
+    for req in reqs:
+        prefill(cache, req)  # one full page each: the next token needs a fresh page
+    before = cache.table.cpu.clone()
+    assert not cache.alloc_decode(reqs)
+    assert cache.allocator.free_slots == 0 and torch.equal(cache.table.cpu, before)
+    release_all(cache, reqs)
+
+
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_alloc_after_a_cached_prefix_starts_a_new_page(page_size: int) -> None:
     cache = make_cache(page_size)
