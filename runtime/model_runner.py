@@ -225,7 +225,7 @@ class ModelRunner:
         if future_at:
             assert self._last_ids is not None
             input_ids[at_t] = self._last_ids[1][row_t]
-        if len(ids) == len(rows):  # one token per request
+        if batch.mode == ForwardMode.DECODE:  # one token per request
             row_per_token = req_rows
         else:
             row_per_token = torch.repeat_interleave(req_rows, ext_t, output_size=len(ids))
