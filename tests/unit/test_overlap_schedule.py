@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import transformers
 
+from weft.runtime.batch import ForwardMode
 from weft.runtime.config import EngineConfig
 from weft.runtime.distributed import Inbox
 from weft.runtime.messages import AbortReq, TokenizedGenerateReq
@@ -37,6 +38,7 @@ def run(
     overlap: str,
     params: list[SamplingParams],
     abort_at: tuple[int, str] | None = None,
+    modes: list[ForwardMode] | None = None,
     **config: Any,
 ) -> tuple[Outputs, Scheduler]:
     cfg = EngineConfig(model=str(model), cpu_threads=1, overlap_schedule=overlap, **config)
@@ -58,6 +60,8 @@ def run(
         msgs = [AbortReq(rid=abort_at[1])] if abort_at is not None and steps == abort_at[0] else []
         sched.apply(Inbox(ready, failed, msgs))
         batch = sched.schedule()
+        if batch is not None and modes is not None:
+            modes.append(batch.mode)
         sched.process_results(sched.launch(batch))
         if batch is None:
             time.sleep(0.005)  # grammars compiling
@@ -143,6 +147,22 @@ def test_grammar_masks_see_every_token(tiny_model_dir: Path, jump_forward: bool)
     for i in done:
         value = json.loads(tok.decode(outs[f"r{i}"][0], skip_special_tokens=True))
         assert set(value) == {"name", "tags", "age"} and 0 <= value["age"] <= 99, value
+
+
+def test_with_overlap_forced_tokens_do_not_break_the_decode_chain(tiny_model_dir: Path) -> None:
+    """Jump-forward would append forced tokens and make the next step an extend, which nothing
+    overlaps; with overlap the only extend steps are the prefills (jump-forward still saves
+    passes without overlap)."""
+    params = [greedy(40, json_schema=json.dumps(SCHEMA)) for _ in range(6)]
+    counts = {}
+    for overlap, jump in (("on", True), ("off", True), ("off", False)):
+        modes: list[ForwardMode] = []
+        run(tiny_model_dir, overlap, params, modes=modes, disable_jump_forward=not jump)
+        counts[overlap, jump] = (len(modes), modes.count(ForwardMode.EXTEND))
+    extends_on = counts["on", True][1]
+    assert extends_on == counts["off", False][1], counts  # the prefills only
+    assert counts["off", True][1] > extends_on, counts  # jump-forward's extends
+    assert counts["off", True][0] < counts["off", False][0], counts  # ... save passes
 
 
 def test_retraction(tiny_model_dir: Path) -> None:
