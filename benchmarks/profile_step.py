@@ -59,17 +59,26 @@ def time_phases(runner: ModelRunner, batch: Batch, whole: bool = False) -> list[
     return [t_prep, t_model - t_prep, t_res]
 
 
-def profile_runner(args: argparse.Namespace) -> None:
-    folder = Path(args.config)
-    hf = read_hf_config(folder)
-    ctx = args.context + 16
-    max_batch = max(args.batches)
-    config = EngineConfig(
+def engine_config(args: argparse.Namespace, folder: Path, **more: Any) -> EngineConfig:
+    """Dummy weights of the config, with the backend, graph and kernel options of the command."""
+    return EngineConfig(
         model=str(folder),
         load_format="dummy",
         attention_backend=args.backend,
         disable_cuda_graph=args.eager,
         disable_fused_kernels=args.unfused,
+        **more,
+    )
+
+
+def profile_runner(args: argparse.Namespace) -> None:
+    folder = Path(args.config)
+    hf = read_hf_config(folder)
+    ctx = args.context + 16
+    max_batch = max(args.batches)
+    config = engine_config(
+        args,
+        folder,
         cuda_graph_max_bs=max_batch,
         max_total_tokens=(max_batch + 2) * (ctx + 32),
         max_running_requests=max(max_batch, 32),
@@ -108,12 +117,9 @@ def profile_scheduler(args: argparse.Namespace) -> None:
     folder, note = model_folder(args.config, work)
     print(f"model folder: {folder} ({note})")
     hf = read_hf_config(folder)
-    config = EngineConfig(
-        model=str(folder),
-        load_format="dummy",
-        attention_backend=args.backend,
-        disable_cuda_graph=args.eager,
-        disable_fused_kernels=args.unfused,
+    config = engine_config(
+        args,
+        folder,
         overlap_schedule=args.overlap,
         page_size=args.page_size,
         context_length=args.input_len + args.output_len + 64,
