@@ -287,7 +287,8 @@ class Scheduler(RequestIntake):
                 req.ahead -= 1
             if req.finished:  # ended by a token of the step before (overlap): nothing to add
                 continue
-            self._collect_logprobs(req, res)
+            if req.return_logprob:  # (no logprob work on the decode hot path otherwise)
+                self._collect_logprobs(req, res)
             if req.kv_len < req.seq_len:
                 self.cache.cache_req(req, release=False)  # a chunk: share what is done
                 if req.stream and req.in_logprobs:
