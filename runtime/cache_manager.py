@@ -55,13 +55,7 @@ class KVCacheManager:
 
     def alloc(self, req: Req, n: int) -> bool:
         """KV slots for positions [kv_len, kv_len + n), evicting cached prefixes if needed."""
-        pages = self.pages_needed(req, n)
-        short = pages * self.page_size - self.allocator.free_slots
-        if short > self.tree.evictable_size():
-            return False  # evicting would not be enough: keep the cache
-        if short > 0:
-            self.tree.evict(short)
-        got = self.allocator.alloc_pages(pages)
+        got = self._take_pages(self.pages_needed(req, n))
         if got is None:
             return False
         assert req.row is not None
@@ -79,17 +73,9 @@ class KVCacheManager:
         each request's last one, or a fresh page for those whose last page is full."""
         p = self.page_size
         fresh = [i for i, r in enumerate(reqs) if r.kv_len % p == 0]
-        pages: list[int] = []
-        if fresh:
-            short = len(fresh) * p - self.allocator.free_slots
-            if short > self.tree.evictable_size():
-                return False
-            if short > 0:
-                self.tree.evict(short)
-            got = self.allocator.alloc_pages(len(fresh))
-            if got is None:
-                return False
-            pages = got
+        pages = self._take_pages(len(fresh))
+        if pages is None:
+            return False
         rows = [r.row for r in reqs]
         cols = [r.kv_len for r in reqs]
         assert None not in rows, "decode of a request without a table row"
@@ -100,6 +86,16 @@ class KVCacheManager:
             slots[torch.tensor(fresh)] = torch.tensor(pages, dtype=torch.int64) * p
         self.table.write_cells(rows_t, cols_t, slots)
         return True
+
+    def _take_pages(self, n: int) -> list[int] | None:
+        """n free pages, evicting cached prefixes if needed; None (the cache kept) if even
+        evicting everything evictable would not make room."""
+        short = n * self.page_size - self.allocator.free_slots
+        if short > self.tree.evictable_size():
+            return None
+        if short > 0:
+            self.tree.evict(short)
+        return self.allocator.alloc_pages(n)
 
     def cache_req(self, req: Req, release: bool) -> None:
         """Put the request's computed KV into the tree; with `release`, give up all its slots."""
