@@ -117,6 +117,119 @@ def bench_decode(ceiling: float, quick: bool) -> None:
     print("  (FlashInfer 0.5.3 on this shape: 140 us, 3.7-3.8 TB/s per DEVICE.md)")
 
 
+def bench_decode_tune(ceiling: float) -> None:
+    """Stage-1 tile (block_n), warps, pipeline stages and split counts per batch size, each as
+    a fraction of the copy ceiling; FlashInfer's tensor-core decode on the same data if installed."""
+    from weft.kernels import decode_attention, decode_num_kv_splits
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print("\ndecode tuning, kv 2048, 32 q / 8 kv heads, d=128, page 16, bf16: % of copy ceiling")
+    for bsz in (1, 8, 64, 256):
+        args = decode_setup(bsz, 2048)
+        nbytes = decode_bytes(bsz, 2048)
+        pick = decode_num_kv_splits(bsz, 8, 2048, sms)
+        results = []
+        for splits in sorted({pick, 2 * pick, 4 * pick, 16, 32} if bsz <= 8 else {pick, 2 * pick}):
+            for block_n in (32, 64, 128):
+                for warps in (4, 8):
+                    for stages in (1, 2, 3, 4):
+                        run = partial(
+                            decode_attention, **args, num_kv_splits=splits, block_n=block_n,
+                            num_warps=warps, num_stages=stages,
+                        )  # fmt: skip
+                        try:
+                            ms = time_ms(run)
+                        except Exception as e:  # noqa: BLE001 - out of shared memory etc.
+                            print(
+                                f"  B={bsz} {splits}/{block_n}/{warps}/{stages}: {type(e).__name__}"
+                            )
+                            continue
+                        results.append((ms, splits, block_n, warps, stages))
+        default = time_ms(partial(decode_attention, **args, num_kv_splits=pick))
+        results.sort()
+        best = ", ".join(
+            f"{nbytes / ms / 1e6 / ceiling:.0%} (splits {sp}, block_n {bn}, warps {w}, stages {st})"
+            for ms, sp, bn, w, st in results[:3]
+        )
+        print(f"  B={bsz:<3} default {default * 1e3:7.1f} us = {nbytes / default / 1e6 / ceiling:.0%}"
+              f" | best: {best}")  # fmt: skip
+        fi = flashinfer_decode_ms(args, bsz, 2048)
+        if fi is not None:
+            print(f"        FlashInfer tensor-core decode: {fi * 1e3:7.1f} us = "
+                  f"{nbytes / fi / 1e6 / ceiling:.0%}")  # fmt: skip
+
+
+def flashinfer_decode_ms(args: dict, bsz: int, kv_len: int) -> float | None:
+    """FlashInfer 0.5.3's paged decode (tensor cores) over the same pool; None without it."""
+    try:
+        import flashinfer
+    except ImportError:
+        return None
+    page = 16
+    table, rows = args["req_to_token"], args["req_rows"]
+    pages = (table[rows, :kv_len:page] // page).to(torch.int32).reshape(-1)
+    npages = kv_len // page
+    indptr = torch.arange(0, (bsz + 1) * npages, npages, dtype=torch.int32, device="cuda")
+    last = torch.full((bsz,), page, dtype=torch.int32, device="cuda")
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
+    wrapper.plan(indptr, pages, last, 32, 8, 128, page, q_data_type=torch.bfloat16,
+                 kv_data_type=torch.bfloat16, sm_scale=args["scale"])  # fmt: skip
+    shape = (-1, page, 8, 128)
+    cache = (args["k_buffer"].view(shape), args["v_buffer"].view(shape))
+    return time_ms(lambda: wrapper.run(args["q"], cache))
+
+
+def bench_shared_prefix(ceiling: float) -> None:
+    """Decode over a prefix shared by groups of requests: read once per group (SharedPrefix) vs
+    once per request, at the runtime's split counts and a sweep of the prefix kernel's launch;
+    the roofline counts the shared KV once."""
+    from weft.kernels import SharedPrefix, decode_attention, decode_num_kv_splits
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print("\nshared-prefix decode, groups x 16 requests, prefix 2048 + own 256, bf16")
+    for groups in (4, 16):
+        bsz, prefix, own = groups * 16, 2048, 256
+        args = decode_setup(bsz, prefix + own)
+        table, rows = args["req_to_token"], args["req_rows"]
+        members = torch.arange(bsz, device="cuda").view(groups, 16)
+        for g in range(groups):  # every member reads its group leader's prefix slots
+            table[rows[members[g, 1:]], :prefix] = table[rows[members[g, 0]], :prefix]
+        splits = decode_num_kv_splits(bsz, 8, own, sms)
+        plain = time_ms(partial(decode_attention, **args, num_kv_splits=decode_num_kv_splits(
+            bsz, 8, prefix + own, sms)))  # fmt: skip
+        starts = torch.full((bsz,), prefix, dtype=torch.int32, device="cuda")
+        ideal = (groups * prefix + bsz * own) * 8 * 128 * 2 * 2 / (ceiling * 1e6)
+
+        blocks = {
+            "block_members": members.to(torch.int32),
+            "block_rows": rows[members[:, 0]].to(torch.int32),
+            "block_lens": torch.full((groups,), prefix, dtype=torch.int32, device="cuda"),
+        }
+        configs: list[tuple[int, dict[str, int]]] = [
+            (decode_num_kv_splits(groups, 8, prefix, sms), {})  # the runtime's pick
+        ] + [
+            (sp, {"num_warps": w, "num_stages": st})
+            for sp in (4, 8, 16)
+            for w in (4, 8)
+            for st in (2, 3, 4)
+        ]
+        times = []
+        for sp, launch in configs:
+            shared = SharedPrefix(**blocks, num_splits=sp, **launch)
+            run = partial(
+                decode_attention, **args, num_kv_splits=splits, kv_starts=starts, shared=shared
+            )
+            times.append(time_ms(run))
+        runtime = times[0]
+        sweep = sorted(zip(times[1:], range(1, len(configs)), strict=True))
+        best = ", ".join(f"{ms * 1e3:.1f} us (splits {configs[i][0]}, {configs[i][1]})"
+                         for ms, i in sweep[:3])  # fmt: skip
+        print(f"  {groups} groups (B={bsz}): per request {plain * 1e3:7.1f} us, shared "
+              f"{runtime * 1e3:7.1f} us ({plain / runtime:.2f}x); roofline of shared "
+              f"{ideal * 1e3:.1f} us | best: {best}")  # fmt: skip
+
+
 def bench_extend(quick: bool) -> None:
     from weft.kernels import extend_attention
 
@@ -207,6 +320,10 @@ def bench_elementwise(ceiling: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer configurations")
+    parser.add_argument(
+        "--decode-only", action="store_true", help="only the decode tuning and shared-prefix runs"
+    )
+    parser.add_argument("--shared-only", action="store_true", help="only the shared-prefix runs")
     args = parser.parse_args()
     assert torch.cuda.is_available(), "benchmarks/kernels.py needs CUDA"
     torch.manual_seed(0)
@@ -217,6 +334,13 @@ def main() -> None:
         f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}"
     )
     print(f"device-to-device copy: {ceiling:.0f} GB/s (read + write)")
+    if args.shared_only:
+        bench_shared_prefix(ceiling)
+        return
+    if args.decode_only:
+        bench_decode_tune(ceiling)
+        bench_shared_prefix(ceiling)
+        return
     bench_decode(ceiling, args.quick)
     bench_extend(args.quick)
     bench_elementwise(ceiling)

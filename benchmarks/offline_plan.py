@@ -114,6 +114,9 @@ def build_plan(args: argparse.Namespace, device: str, model: dict[str, Any]) -> 
         for cache, over in (("on", {}), ("off", {"disable_radix_cache": True})):
             plan.add_workload(over, shared, "prefix", f"prefix:{cache}")
             plan.add_workload(over, plain, "prefix", f"noshare:{cache}")
+        if device == "cuda":  # radix cache on, the shared prefix read per request in decode
+            per_request = {"disable_shared_prefix_decode": True}
+            plan.add_workload(per_request, shared, "prefix", "prefix:on-per-request")
     if "constrained" in modes:
         con = constrained_workload(
             args.constrained_batch, args.constrained_input_len, args.constrained_max_tokens,

@@ -23,6 +23,14 @@ def headline(results: list[RunResult]) -> list[list[str]]:
         rows.append(["weft / HF transformers, output tok/s", f"{r:.2f}×", "≥ 10×"])
     if (r := ratio("prefix:on", "prefix:off")) is not None:
         rows.append(["shared prefixes: radix cache on / off, output tok/s", f"{r:.2f}×", "≥ 5×"])
+    if (r := ratio("prefix:on", "prefix:on-per-request")) is not None:
+        rows.append(
+            [
+                "shared prefixes, cache on: prefix read once per group / per request",
+                f"{r:.2f}×",
+                "-",
+            ]
+        )
     if (r := ratio("noshare:on", "noshare:off")) is not None:
         rows.append(
             ["no shared prefix: radix cache on / off, output tok/s", f"{r:.3f}", "0.99–1.01"]

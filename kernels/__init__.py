@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     from .kv_store import store_kv
     from .norm import fused_add_rmsnorm, rmsnorm
     from .rotary import cos_sin_cache, rotary_embedding
+    from .shared_prefix import SharedPrefix
 
 _EXPORTS = {
+    "SharedPrefix": "shared_prefix",
     "apply_token_bitmask": "bitmask",
     "cos_sin_cache": "rotary",
     "decode_attention": "decode",
@@ -35,6 +37,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "SharedPrefix",
     "apply_token_bitmask",
     "cos_sin_cache",
     "decode_attention",

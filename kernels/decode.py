@@ -1,6 +1,9 @@
-"""Paged decode attention with split-KV (FlashDecoding), GQA-aware: one program per kv-head group."""
+"""Paged decode attention with split-KV (FlashDecoding), GQA-aware: one program per kv-head group;
+a KV prefix shared by several requests (SharedPrefix) is read once per block of them (cascade)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -8,8 +11,66 @@ import triton.language as tl
 
 from ._check import INDEX_DTYPES, check_tensor
 
+if TYPE_CHECKING:
+    from .shared_prefix import SharedPrefix
+
 # NOTE: partial results are kept in base 2 (scores scaled by log2(e)), so the kernels use exp2/log2.
 LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend(  # type: ignore[no-untyped-def]
+    q,  # [BLOCK_R, BLOCK_D] query rows, all served by kv head kvh
+    K_buf,  # [num_slots, Hkv, D]
+    V_buf,
+    Tokens,  # a req_to_token row
+    start,
+    end,
+    kvh,
+    qk_scale,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    BLOCK_R: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Online softmax of q over the keys at slots Tokens[start:end]: (acc, row max, row sum)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    d_mask = offs_d < D
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + offs_n
+        n_mask = n < end
+        slot = tl.load(Tokens + n, mask=n_mask, other=0).to(tl.int64)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k_ptrs = K_buf + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_R, N]
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])  # [BLOCK_R, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_ptrs = V_buf + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _split_range(length, num_splits, split, BLOCK_N: tl.constexpr):  # type: ignore[no-untyped-def]
+    """[start, end) of split `split` of `length` keys: whole blocks per split, the last ragged."""
+    split_len = tl.cdiv(tl.cdiv(length, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    return start, tl.minimum(start + split_len, length), split_len
 
 
 @triton.jit
@@ -20,6 +81,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     Req_to_token,  # [max_reqs, max_context]
     Req_rows,  # [B]
     Seq_lens,  # [B]
+    Kv_starts,  # [B] first key of the request's own walk (when HAS_KV_STARTS)
     Part_o,  # [B, H, S, D] float32: each split's normalised output
     Part_lse,  # [B, H, S] float32: each split's log2-sum-exp2 of scores
     qk_scale,  # softmax scale * log2(e)
@@ -42,48 +104,32 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_KV_STARTS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     row = tl.load(Req_rows + b).to(tl.int64)
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
-    # whole blocks per split, so only a request's last block is ragged
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
+    kv_start = 0
+    if HAS_KV_STARTS:
+        kv_start = tl.load(Kv_starts + b).to(tl.int32)
+    start, end, _ = _split_range(seq_len - kv_start, num_splits, split, BLOCK_N)
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
     h_mask = offs_h < G
-    d_mask = offs_d < D
+    hd_mask = h_mask[:, None] & (offs_d < D)[None, :]
     heads = kvh * G + offs_h  # [BLOCK_H] the q heads served by this kv head
     if end > start:
         q_ptrs = Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=h_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_H, BLOCK_D]
-        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            n = n0 + offs_n
-            n_mask = n < end
-            slot = tl.load(Req_to_token + row * stride_rr + n, mask=n_mask, other=0).to(tl.int64)
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-            k_ptrs = K_buf + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
-            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_H, N]
-            s = tl.where(n_mask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])  # [BLOCK_H, BLOCK_N]
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v_ptrs = V_buf + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
-            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-            m_i = m_new
+        q = tl.load(q_ptrs, mask=hd_mask, other=0.0)  # [BLOCK_H, BLOCK_D]
+        acc, m_i, l_i = _attend(
+            q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start, kv_start + end,
+            kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
+            BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION,
+        )  # fmt: skip
         o_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
-        hd_mask = h_mask[:, None] & d_mask[None, :]
         tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
         lse_ptrs = Part_lse + b * stride_lb + heads * stride_lh + split
         tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=h_mask)
@@ -94,8 +140,11 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     Part_o,  # [B, H, S, D] float32
     Part_lse,  # [B, H, S] float32
     Seq_lens,  # [B]
+    Kv_starts,  # [B] (when HAS_KV_STARTS): > 0 means columns col0.. hold the shared prefix's part
     Out,  # [B, H, D]
     num_splits,
+    num_prefix_splits,
+    col0,
     stride_ob,
     stride_oh,
     stride_os,
@@ -106,21 +155,31 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PREFIX_BLOCK_N: tl.constexpr,
+    HAS_KV_STARTS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    # NOTE: splits at or past seq_len were never written (their buffers hold garbage): skip them.
-    used = tl.cdiv(seq_len, tl.maximum(split_len, 1))
+    kv_start = 0
+    if HAS_KV_STARTS:
+        kv_start = tl.load(Kv_starts + b).to(tl.int32)
+    # NOTE: splits at or past a walk's length were never written (their buffers hold garbage):
+    # read only the first `used` of each kind; a prefix of kv_start keys is split like its block's.
+    own = seq_len - kv_start
+    _, _, split_len = _split_range(own, num_splits, 0, BLOCK_N)
+    used = tl.cdiv(own, tl.maximum(split_len, 1))
+    _, _, prefix_split_len = _split_range(kv_start, num_prefix_splits, 0, PREFIX_BLOCK_N)
+    used_prefix = tl.cdiv(kv_start, tl.maximum(prefix_split_len, 1))
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D
     m = float("-inf")
     total = 0.0
     acc = tl.zeros([BLOCK_D], tl.float32)
-    for s in range(0, used):
-        lse = tl.load(Part_lse + b * stride_lb + h * stride_lh + s)
-        o = tl.load(Part_o + b * stride_ob + h * stride_oh + s * stride_os + offs_d, mask=d_mask)
+    for s in range(0, used + used_prefix):
+        col = tl.where(s < used, s, col0 + s - used)
+        lse = tl.load(Part_lse + b * stride_lb + h * stride_lh + col)
+        o = tl.load(Part_o + b * stride_ob + h * stride_oh + col * stride_os + offs_d, mask=d_mask)
         m_new = tl.maximum(m, lse)
         alpha = tl.exp2(m - m_new)
         w = tl.exp2(lse - m_new)
@@ -152,16 +211,30 @@ def decode_attention(
     num_kv_splits: int,
     partials: tuple[torch.Tensor, torch.Tensor] | None = None,
     block_n: int | None = None,
+    *,
+    kv_starts: torch.Tensor | None = None,  # [B] int
+    shared: SharedPrefix | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Attention of each request's one query over its whole paged KV; returns `out`.
 
     Request b's keys are the slots req_to_token[req_rows[b], :seq_lens[b]]; q head h reads kv head
     h // (H / Hkv). A program serves one (request, kv head, split) and all q heads of its group.
 
+    With `kv_starts` and `shared` (given together), request b walks only [kv_starts[b], seq_lens[b])
+    itself; where kv_starts[b] > 0, b is a member of exactly one block of `shared` whose
+    block_lens equals kv_starts[b] (same slots: the caller guarantees both), and that block's
+    programs supply keys [0, kv_starts[b]). `block_n`, `num_warps`, `num_stages` override the
+    per-request kernel's launch (SharedPrefix carries the prefix kernel's).
+
     `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
-    S' >= num_kv_splits) so CUDA-graph replays reuse one buffer. No host sync: seq_lens stay on the
-    device, and splits past a request's length are skipped by both stages.
+    S' >= num_kv_splits + shared.num_splits) so CUDA-graph replays reuse one buffer. No host sync:
+    lengths stay on the device, grids depend only on shapes, and splits past a walk's length are
+    skipped by both stages.
     """
+    if (kv_starts is None) != (shared is None):
+        raise ValueError("decode_attention: kv_starts and shared go together (both or neither)")
     bsz, heads, dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     dev = q.device
@@ -177,34 +250,52 @@ def decode_attention(
     # NOTE: float32 tiles are halved: at 64 keys the fp32 (FMA) dot spills on sm_90 (ptxas report)
     block_n = block_n or (32 if fp32 else 64)
     assert num_kv_splits >= 1 and block_n >= 16, (num_kv_splits, block_n)
+    prefix_splits, prefix_block_n = 0, 16  # nothing shared: the reduce reads no prefix column
+    if shared is not None:
+        assert kv_starts is not None
+        check_tensor(kv_starts, "kv_starts", (bsz,), INDEX_DTYPES, dev)
+        for name in ("block_members", "block_rows", "block_lens"):
+            t = getattr(shared, name)
+            check_tensor(t, name, tuple(t.shape), INDEX_DTYPES, dev)
+        prefix_splits, prefix_block_n = shared.num_splits, shared.block_n or (32 if fp32 else 64)
     if bsz == 0:
         return out
+    width = num_kv_splits + prefix_splits
     if partials is None:
-        part_o = torch.empty(bsz, heads, num_kv_splits, dim, dtype=torch.float32, device=dev)
-        part_lse = torch.empty(bsz, heads, num_kv_splits, dtype=torch.float32, device=dev)
+        part_o = torch.empty(bsz, heads, width, dim, dtype=torch.float32, device=dev)
+        part_lse = torch.empty(bsz, heads, width, dtype=torch.float32, device=dev)
     else:
         part_o, part_lse = partials
         check_tensor(part_o, "partials[0]", (None, heads, None, dim), (torch.float32,), dev)
         check_tensor(part_lse, "partials[1]", (None, heads, None), (torch.float32,), dev)
-        assert part_o.shape[0] >= bsz and part_o.shape[2] >= num_kv_splits, part_o.shape
+        assert part_o.shape[0] >= bsz and part_o.shape[2] >= width, (part_o.shape, width)
         assert part_lse.shape[:3] == part_o.shape[:3], (part_lse.shape, part_o.shape)
 
     group = heads // num_kv_heads
     block_d = triton.next_power_of_2(dim)
+    starts = seq_lens if kv_starts is None else kv_starts  # not read without kv_starts
     _decode_split_kernel[(bsz, num_kv_heads, num_kv_splits)](
-        q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, part_o, part_lse,
+        q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, starts, part_o, part_lse,
         scale * LOG2E, num_kv_splits,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
-        num_warps=8 if fp32 else 4, num_stages=2,
+        HAS_KV_STARTS=kv_starts is not None,
+        num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
+    if shared is not None:
+        from .shared_prefix import shared_prefix_splits  # NOTE: it imports this module
+
+        shared_prefix_splits(q, k_buffer, v_buffer, req_to_token, shared, (part_o, part_lse),
+                             scale, num_kv_splits, prefix_block_n)  # fmt: skip
     _decode_reduce_kernel[(bsz, heads)](
-        part_o, part_lse, seq_lens, out, num_kv_splits,
+        part_o, part_lse, seq_lens, starts, out, num_kv_splits, max(prefix_splits, 1),
+        num_kv_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
-        D=dim, BLOCK_D=block_d, BLOCK_N=block_n, num_warps=4,
+        D=dim, BLOCK_D=block_d, BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n,
+        HAS_KV_STARTS=kv_starts is not None, num_warps=4,
     )  # fmt: skip
     return out

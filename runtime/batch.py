@@ -22,6 +22,7 @@ import torch
 
 if TYPE_CHECKING:
     from weft.runtime.request import Req
+    from weft.runtime.shared_prefix import SharedPrefixPlan
 
 
 class ForwardMode(enum.Enum):
@@ -61,6 +62,8 @@ class ForwardBatch:
     extend_lens: torch.Tensor  # [B] int64, new tokens per request (1 for DECODE)
     seq_lens_cpu: list[int]
     extend_lens_cpu: list[int]
+    # DECODE with a backend that reads shared prefixes once per group: which requests share what
+    shared: SharedPrefixPlan | None = None
 
     @property
     def batch_size(self) -> int:

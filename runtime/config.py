@@ -46,6 +46,9 @@ class EngineConfig:
     attention_backend: str = "auto"
     disable_cuda_graph: bool = False  # CUDA: run decode eagerly instead of replaying graphs
     cuda_graph_max_bs: int = 256  # largest decode batch captured (bigger batches run eagerly)
+    # triton decode: a KV prefix shared by several running requests (the same radix-tree slots)
+    # is read once per group of requests instead of once per request
+    disable_shared_prefix_decode: bool = False
     disable_fused_kernels: bool = False  # CUDA: torch ops instead of weft's Triton norm/rope/SiLU
     # the scheduler prepares step t+1 while the device runs step t; auto: on with CUDA (on the
     # CPU the model runs inside the call, so there is nothing to overlap)

@@ -74,8 +74,12 @@ class GrammarQueue:
                     strict=self.config.strict_schemas,
                 )
             except Exception as e:
-                logger.exception(
-                    "the %s grammar backend failed to start", self.config.grammar_backend
+                logger.warning(
+                    "the %s grammar backend failed to start (%s: %s); constrained requests "
+                    "will be refused with this reason",
+                    self.config.grammar_backend,
+                    type(e).__name__,
+                    e,
                 )
                 self.broken = (
                     f"constrained decoding is unavailable: the {self.config.grammar_backend} "

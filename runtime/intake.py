@@ -136,6 +136,7 @@ class RequestIntake:
             "protected_tokens": self.cache.tree.protected_size(),
             "num_forward_tokens": self.runner.num_forward_tokens,
             "num_forward_passes": self.runner.num_forward_passes,
+            "shared_prefix_steps": self.runner.num_shared_prefix_steps,
             "num_compiling": len(self.grammars.pending),
             "new_token_ratio": self.new_token_ratio,
             "page_size": self.runner.page_size,

@@ -22,6 +22,7 @@ from weft.runtime.models import build_model, init_dummy_weights
 from weft.runtime.models.llama import LlamaDecoderLayer, head_dim_of, sliding_window_of
 from weft.runtime.request import Req
 from weft.runtime.sampler import Sampler, SamplingInputs
+from weft.runtime.shared_prefix import plan_shared_prefixes
 from weft.runtime.step import LaunchedStep, ReqStepResult, input_logprob_rows, samples
 from weft.runtime.transfer import to_device
 
@@ -92,6 +93,13 @@ class ModelRunner:
                 f"which this {hf_config.model_type} model needs; use attention_backend='torch' "
                 "or 'flashinfer'"
             )
+        # decode steps tell the backend which requests share a prefix (radix cache on only)
+        self.plan_shared = (
+            self.attn.supports_shared_prefix
+            and not config.disable_shared_prefix_decode
+            and not config.disable_radix_cache
+        )
+        self.attn.shared_prefix = self.plan_shared
         self.sampler = Sampler(hf_config.vocab_size, self.device, config.seed)
         self.graphs: GraphRunner | None = None
         if self.device.type == "cuda" and not config.disable_cuda_graph:
@@ -114,6 +122,7 @@ class ModelRunner:
             logger.info("CUDA graphs captured in %.1f s", time.perf_counter() - t1)
         self.num_forward_tokens = 0  # tokens actually run through the model (prefix reuse tests)
         self.num_forward_passes = 0
+        self.num_shared_prefix_steps = 0  # decode steps that read a shared prefix once per group
         self.num_launches = 0
         self._last_ids: tuple[int, torch.Tensor] | None = None  # the last launch's sampled ids
         # host copies of sampled ids: one per step that can be alive at once (overlap keeps two)
@@ -165,6 +174,7 @@ class ModelRunner:
             hidden = self.model(fb, self.attn)  # [T, hidden]; on CUDA this only queues kernels
         self.num_forward_tokens += fb.input_ids.numel()
         self.num_forward_passes += 1
+        self.num_shared_prefix_steps += fb.shared is not None
         self.num_launches += 1
         step = LaunchedStep(self.num_launches, batch, [ReqStepResult() for _ in batch.reqs])
         step.hidden = hidden
@@ -239,6 +249,11 @@ class ModelRunner:
             extend_lens=ext_t,
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=list(batch.extend_lens),
+            shared=(
+                plan_shared_prefixes(batch.reqs)
+                if self.plan_shared and batch.mode == ForwardMode.DECODE
+                else None
+            ),
         )
 
     @torch.no_grad()

@@ -19,10 +19,13 @@ class AttentionBackend(ABC):
 
     supports_sliding_window = True  # per-layer windows (Mistral); checked when the engine starts
     supports_cuda_graph = False  # decode can be captured: implements prepare_graph
+    # decode reads a prefix shared by several requests once per group (ForwardBatch.shared)
+    supports_shared_prefix = False
 
     def __init__(self, pool: KVPool, req_to_token: torch.Tensor) -> None:
         self.pool = pool
         self.req_to_token = req_to_token  # [max_reqs, max_context] int64
+        self.shared_prefix = False  # the runner turns it on (before any capture) when supported
 
     @abstractmethod
     def prepare(self, batch: ForwardBatch) -> None:

@@ -4,38 +4,108 @@ from __future__ import annotations
 
 import torch
 
-from weft.kernels import decode_attention, extend_attention, store_kv
+from weft.kernels import SharedPrefix, decode_attention, extend_attention, store_kv
 from weft.kernels.decode import decode_num_kv_splits
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch
 from weft.runtime.memory import KVPool
+from weft.runtime.shared_prefix import MEMBERS_PER_BLOCK, SharedPrefixPlan, max_blocks
+from weft.runtime.transfer import to_device
+
+# splits of a shared prefix inside CUDA graphs (the real number of groups is known only at replay)
+GRAPH_PREFIX_SPLITS = 8
 
 
 class TritonAttentionBackend(AttentionBackend):
     """Decode steps (one token per request) run the split-KV decode kernel; anything else runs
-    the extend kernel (cached prefix from the pool, causal over the new tokens)."""
+    the extend kernel (cached prefix from the pool, causal over the new tokens).
+
+    Shared prefixes (`shared_prefix`, ForwardBatch.shared): a decode request in a group walks only
+    its own KV after the group's prefix; one program per block of members reads the prefix once
+    for all of them. In CUDA graphs the plan lives in static buffers sized for the largest batch,
+    filled before each replay (a batch without groups: every block empty, every start 0).
+    """
 
     supports_sliding_window = False
     supports_cuda_graph = True
+    supports_shared_prefix = True
 
     def __init__(self, pool: KVPool, req_to_token: torch.Tensor) -> None:
         super().__init__(pool, req_to_token)
-        props = torch.cuda.get_device_properties(req_to_token.device)
-        self.num_sms = props.multi_processor_count
+        self.device = req_to_token.device
+        if self.device.type == "cuda":
+            self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        else:  # TRITON_INTERPRET=1 (tests): the split heuristics only need a number
+            self.num_sms = 4
+        self.kv_starts: torch.Tensor | None = None
+        self.shared: SharedPrefix | None = None
+        # CUDA graphs: kv_starts [N], block members [N // 2, M], block rows, block lens
+        self._static: tuple[torch.Tensor, ...] | None = None
 
     def prepare_graph(self, batch: ForwardBatch) -> None:
         # the longest possible context fixes the split count, so one graph serves every length
         # (splits past a request's length are skipped by the kernel)
         self.decode = True
-        self.num_kv_splits = decode_num_kv_splits(
-            batch.batch_size, self.pool.num_kv_heads, self.req_to_token.shape[1], self.num_sms
+        context = self.req_to_token.shape[1]
+        bs = batch.batch_size
+        self.num_kv_splits = decode_num_kv_splits(bs, self.pool.num_kv_heads, context, self.num_sms)
+        self.kv_starts, self.shared = None, None
+        if not self.shared_prefix:
+            return
+        if self._static is None:  # graphs are captured largest first: this one is
+            n, nb = bs, max_blocks(bs)
+            self._static = (
+                self._zeros(n),
+                self._zeros(nb, MEMBERS_PER_BLOCK),
+                self._zeros(nb),
+                self._zeros(nb),
+            )
+        starts, members, rows, lens = self._static
+        nb = max_blocks(bs)
+        assert starts.numel() >= bs, "capture the largest size first"
+        self.kv_starts = starts[:bs]
+        splits = max(1, min(GRAPH_PREFIX_SPLITS, context // 256))
+        self.shared = SharedPrefix(members[:nb], rows[:nb], lens[:nb], splits)
+
+    def prepare_replay(self, batch: ForwardBatch, padded_size: int) -> None:
+        if self._static is None:
+            return
+        starts, members, rows, lens = self._static
+        nb = max_blocks(padded_size)
+        plan = batch.shared
+        if plan is None:
+            starts[:padded_size].zero_()
+            lens[:nb].zero_()
+            return
+        b, used = batch.batch_size, plan.num_blocks
+        assert used <= nb, (used, nb)
+        flat = to_device(
+            plan.kv_starts
+            + [0] * (padded_size - b)
+            + [m for block in plan.block_members for m in block]
+            + plan.block_rows
+            + plan.block_lens
+            + [0] * (nb - used),
+            torch.int32,
+            self.device,
         )
+        cut = padded_size + used * MEMBERS_PER_BLOCK
+        starts[:padded_size].copy_(flat[:padded_size])
+        members[:used].copy_(flat[padded_size:cut].view(used, MEMBERS_PER_BLOCK))
+        rows[:used].copy_(flat[cut : cut + used])
+        lens[:nb].copy_(flat[cut + used :])
 
     def prepare(self, batch: ForwardBatch) -> None:
         self.decode = all(n == 1 for n in batch.extend_lens_cpu)
+        self.kv_starts, self.shared = None, None
         if self.decode:
+            walks = batch.seq_lens_cpu
+            if self.shared_prefix and batch.shared is not None:
+                plan = batch.shared
+                walks = [s - k for s, k in zip(walks, plan.kv_starts, strict=True)]
+                self.kv_starts, self.shared = self._eager_plan(plan)
             self.num_kv_splits = decode_num_kv_splits(
-                batch.batch_size, self.pool.num_kv_heads, max(batch.seq_lens_cpu), self.num_sms
+                batch.batch_size, self.pool.num_kv_heads, max(walks), self.num_sms
             )
         else:
             ext = batch.extend_lens
@@ -67,6 +137,8 @@ class TritonAttentionBackend(AttentionBackend):
                 out,
                 scale,
                 self.num_kv_splits,
+                kv_starts=self.kv_starts,
+                shared=self.shared,
             )
         else:
             extend_attention(
@@ -85,3 +157,26 @@ class TritonAttentionBackend(AttentionBackend):
                 max_extend_len=self.max_extend,
             )
         return out
+
+    ##### Internal Helper Functions #####
+
+    def _eager_plan(self, plan: SharedPrefixPlan) -> tuple[torch.Tensor, SharedPrefix]:
+        b, used = len(plan.kv_starts), plan.num_blocks
+        members = [m for block in plan.block_members for m in block]
+        flat = to_device(
+            plan.kv_starts + members + plan.block_rows + plan.block_lens, torch.int32, self.device
+        )
+        cut = b + len(members)
+        splits = decode_num_kv_splits(
+            used, self.pool.num_kv_heads, max(plan.block_lens), self.num_sms
+        )
+        shared = SharedPrefix(
+            flat[b:cut].view(used, MEMBERS_PER_BLOCK),
+            flat[cut : cut + used],
+            flat[cut + used :],
+            splits,
+        )
+        return flat[:b], shared
+
+    def _zeros(self, *shape: int) -> torch.Tensor:
+        return torch.zeros(*shape, dtype=torch.int32, device=self.device)

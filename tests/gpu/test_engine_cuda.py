@@ -19,6 +19,7 @@ from tests.conftest import save_word_tokenizer
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 REPO = Path(__file__).resolve().parents[2]
+NEAR_TIE = 0.05  # logprob gap between the torch backend's top two tokens that bf16 may flip
 
 
 @pytest.mark.parametrize("unfused", [False, True])
@@ -52,12 +53,14 @@ def test_fp32_cuda_greedy_equals_hf(random_llama: Path, unfused: bool) -> None:
 
 
 def test_bf16_backends_give_the_torch_backends_greedy_tokens(random_llama_d64: Path) -> None:
+    """Every backend's greedy tokens equal the torch backend's, except where the torch backend's
+    own top two tokens were a near-tie (bf16 kernels round differently): a divergence anywhere
+    else is a bug, not rounding."""
     import importlib.util
 
     prompts = [f"w{i} w{3 * i + 1} w{7 * i + 2} w{i * i % 4000}" for i in range(1, 13)]
     params = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
     variants: list[dict[str, Any]] = [
-        {"attention_backend": "torch", "disable_cuda_graph": True, "overlap_schedule": "off"},
         {"attention_backend": "triton"},
         {"attention_backend": "triton", "overlap_schedule": "off"},
         {"attention_backend": "triton", "disable_cuda_graph": True},
@@ -67,16 +70,24 @@ def test_bf16_backends_give_the_torch_backends_greedy_tokens(random_llama_d64: P
             {"attention_backend": "flashinfer"},
             {"attention_backend": "flashinfer", "disable_cuda_graph": True},
         ]
-    got = []
+    torch_backend = {"attention_backend": "torch", "disable_cuda_graph": True}
+    with weft.Engine(str(random_llama_d64), device="cuda", page_size=16, **torch_backend) as eng:
+        ref = eng.generate(prompts, params, return_logprob=True, top_logprobs_num=2)
+    reference = [o["output_ids"] for o in ref]
+    gaps = [[top[0][0] - top[1][0] for top in o["meta_info"]["output_top_logprobs"]] for o in ref]
+    failures = []
     for kwargs in variants:
         with weft.Engine(str(random_llama_d64), device="cuda", page_size=16, **kwargs) as eng:
-            got.append([o["output_ids"] for o in eng.generate(prompts, params)])
-    reference = got[0]
-    for kwargs, outs in zip(variants[1:], got[1:], strict=True):
-        # bf16 kernels round differently: a near-tie may flip one prompt's argmax somewhere
-        same = sum(a == b for a, b in zip(outs, reference, strict=True))
-        print(json.dumps({**kwargs, "prompts_identical": f"{same}/{len(prompts)}"}))
-        assert same >= len(prompts) - 1, (kwargs, same)
+            outs = [o["output_ids"] for o in eng.generate(prompts, params)]
+        diverged = {}  # prompt -> (first differing position, the torch backend's top-2 gap there)
+        for p, (got, want) in enumerate(zip(outs, reference, strict=True)):
+            at = next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), None)
+            if at is not None:
+                diverged[p] = (at, round(gaps[p][at], 4))
+        print(json.dumps({**kwargs, "identical": len(prompts) - len(diverged), "at": diverged}))
+        if any(gap > NEAR_TIE for _, gap in diverged.values()) or len(diverged) > len(prompts) // 3:
+            failures.append((kwargs, diverged))
+    assert not failures, failures
 
 
 @pytest.mark.parametrize(

@@ -74,6 +74,46 @@ def test_decode_attention(
     assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_decode_attention_shared_prefix(dtype: torch.dtype) -> None:
+    """Groups reading their prefix once (one of 20 members: two blocks) plus loners, against the
+    reference over each request's whole table row."""
+    groups, size, prefix, loners, dim = [1000, 2048, 700], 20, 0, 5, 128
+    sizes = [size, 3, 2]
+    lens = [p + n for p, k in zip(groups, sizes, strict=True) for n in ragged(k, 1, 300)]
+    lens += ragged(loners, 1, 3000)
+    k_buffer, v_buffer, table, rows = bench.random_pool(lens, 16, 8, dim, dtype, poison=True)
+    members, block_rows, block_lens, starts = [], [], [], [0] * len(lens)
+    first = 0
+    for p, k in zip(groups, sizes, strict=True):
+        leader = rows[first]
+        for b in range(first, first + k):
+            table[rows[b], :p] = table[leader, :p]
+            starts[b] = p
+        for c in range(first, first + k, 16):
+            chunk = list(range(c, min(c + 16, first + k)))
+            members.append(chunk + [-1] * (16 - len(chunk)))
+            block_rows.append(int(leader))
+            block_lens.append(p)
+        first += k
+    members.append([-1] * 16)  # an unused block
+    block_rows.append(0)
+    block_lens.append(prefix)
+    i32 = {"dtype": torch.int32, "device": DEV}
+    shared = wk.SharedPrefix(
+        torch.tensor(members, **i32), torch.tensor(block_rows, **i32),
+        torch.tensor(block_lens, **i32), 4,
+    )  # fmt: skip
+    q = torch.randn(len(lens), 32, dim, dtype=dtype, device=DEV)
+    seq_lens = torch.tensor(lens, device=DEV)
+    out = torch.full_like(q, float("nan"))
+    args = (k_buffer, v_buffer, table, rows, seq_lens)
+    wk.decode_attention(
+        q, *args, out, dim**-0.5, 4, kv_starts=torch.tensor(starts, **i32), shared=shared
+    )
+    assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
+
+
 EXTEND_CASES = [
     # batch, heads, kv heads, head dim, page size, max prefix, max extend, dtype
     (8, 32, 8, 128, 16, 1500, 1024, torch.bfloat16),

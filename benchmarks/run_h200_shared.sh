@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Shared-prefix decode and the throughput runs on one H200, as two device calls (each < 600 s),
+# after the device-wheels install line:
+#   bash benchmarks/run_h200_shared.sh checks  # GPU tests (kernels, shared prefix, backends),
+#                                              # the decode-kernel tuning sweep
+#   bash benchmarks/run_h200_shared.sh suite   # shared-prefix kernel sweep; offline 1000 x
+#                                              # 1000/1000 with the HF peer;
+#                                              # prefix sharing: cache off / on / on, read per request
+# Logs under $OUT (or ./h200-logs).
+set -u
+OUT=${OUT:-h200-logs}; mkdir -p "$OUT"
+PYTEST="python3 -m pytest -q -s -p no:cacheprovider"
+case "${1:-}" in
+  checks)
+    timeout 90 $PYTEST tests/gpu/test_kernels_cuda.py -k "decode_attention" 2>&1 \
+      | tail -4 | tee "$OUT/kernels.log"
+    timeout 150 python3 benchmarks/kernels.py --decode-only 2>&1 | tee "$OUT/tune.log"
+    timeout 120 $PYTEST tests/gpu/test_shared_prefix_cuda.py 2>&1 \
+      | grep "shared_prefix_steps\|passed\|failed\|Error" | tee "$OUT/shared.log"
+    timeout "${TEST_S:-220}" $PYTEST tests/gpu/test_engine_cuda.py -k backends_give 2>&1 \
+      | grep "identical\|passed\|failed\|Error" | tee "$OUT/backends.log"
+    ;;
+  suite)
+    timeout 90 python3 benchmarks/kernels.py --shared-only 2>&1 | tee "$OUT/shared_tune.log"
+    cd benchmarks
+    big="--engine-arg max_running_requests=384 --engine-arg cuda_graph_max_bs=384"
+    timeout "${OFF_S:-300}" python3 offline.py --mode offline --num-prompts 1000 \
+      --hf-num-prompts 64 --hf-compile off $big --output-file "$OUT/offline.json" 2>&1 \
+      | tee "$OUT/offline.log" | grep "^|\|copy band"
+    timeout "${PRE_S:-220}" python3 offline.py --mode prefix --groups "${GROUPS:-32}" \
+      --group-size 16 $big --output-file "$OUT/prefix.json" 2>&1 \
+      | tee "$OUT/prefix.log" | grep "^|\|copy band"
+    ;;
+  *) echo "usage: $0 checks|suite" >&2; exit 2 ;;
+esac

@@ -1,0 +1,96 @@
+"""Shared-prefix groups of a decode batch: requests whose KV begins with the same radix-tree slots."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from weft.runtime.request import Req
+
+MIN_SHARED_TOKENS = 256  # shorter shared prefixes are cheaper read per request
+MEMBERS_PER_BLOCK = 16  # requests whose queries one attention program takes over the prefix
+
+
+@dataclass(frozen=True)
+class SharedPrefixPlan:
+    """Which requests of a decode batch read a shared prefix once, as one block of members.
+
+    Request b with kv_starts[b] > 0 walks only its own KV [kv_starts[b], seq_len); the first
+    kv_starts[b] positions come from the one block listing b, whose block_lens equals it and whose
+    block_rows is a table row holding the same slots there. Blocks are full groups of at most
+    MEMBERS_PER_BLOCK members (block_members padded with -1).
+    """
+
+    kv_starts: list[int]  # per request of the batch
+    block_members: list[list[int]]  # batch indices, each list MEMBERS_PER_BLOCK long, -1 padded
+    block_rows: list[int]
+    block_lens: list[int]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_lens)
+
+
+def plan_shared_prefixes(
+    reqs: list[Req],
+    min_tokens: int = MIN_SHARED_TOKENS,
+    members_per_block: int = MEMBERS_PER_BLOCK,
+) -> SharedPrefixPlan | None:
+    """Group the requests by the deepest radix node that at least two of them lie under.
+
+    A request's KV row starts with the slots of the tree path down to its locked node
+    (`req.last_node`, covering `req.prefix_len` tokens), so two requests under the same node share
+    the slots of every position before that node's end. Each request joins the group of the deepest
+    node on its path shared with another request of the batch, if that node ends at least
+    `min_tokens` in. None when no group forms (or no request has a tree path: caching off).
+    """
+    paths: list[list[tuple[Any, int]]] = []  # per request: (node, its end in tokens), deepest first
+    under: dict[int, int] = defaultdict(int)  # id(node) -> requests of the batch under it
+    for req in reqs:
+        nodes = []
+        node = req.last_node
+        while node is not None and node.parent is not None:  # the root (parent None) is skipped
+            nodes.append(node)
+            node = node.parent
+        path, end = [], req.prefix_len
+        for node in nodes:
+            path.append((node, end))
+            under[id(node)] += 1
+            end -= len(node.key)
+        assert end == 0 or not nodes, (req.rid, req.prefix_len, end)  # the path covers the prefix
+        paths.append(path)
+    groups: dict[int, list[int]] = defaultdict(list)
+    lens: dict[int, int] = {}
+    for b, path in enumerate(paths):
+        for node, end in path:
+            if under[id(node)] >= 2:
+                if end >= min_tokens:
+                    groups[id(node)].append(b)
+                    lens[id(node)] = end
+                break
+    groups = {key: members for key, members in groups.items() if len(members) >= 2}
+    if not groups:
+        return None
+    kv_starts = [0] * len(reqs)
+    block_members: list[list[int]] = []
+    block_rows: list[int] = []
+    block_lens: list[int] = []
+    for key, members in groups.items():
+        for b in members:
+            kv_starts[b] = lens[key]
+        for first in range(0, len(members), members_per_block):
+            chunk = members[first : first + members_per_block]
+            block_members.append(chunk + [-1] * (members_per_block - len(chunk)))
+            row = reqs[chunk[0]].row
+            assert row is not None
+            block_rows.append(row)
+            block_lens.append(lens[key])
+    return SharedPrefixPlan(kv_starts, block_members, block_rows, block_lens)
+
+
+def max_blocks(batch_size: int, members_per_block: int = MEMBERS_PER_BLOCK) -> int:
+    """The most blocks a plan for `batch_size` requests can have (every group has >= 2 members,
+    so a group of k members makes at most k // 2 blocks)."""
+    return max(1, batch_size // 2) if members_per_block >= 2 else batch_size

@@ -1,0 +1,321 @@
+"""Decode attention with a shared KV prefix (SharedPrefix, the cascade stage) on CPU under
+TRITON_INTERPRET=1: against the float32 reference over each request's whole context, and against
+the same kernel without sharing."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_kernels  # the interpreter set-up; importing it skips this module without triton
+import torch
+from test_kernels import INTERPRETING, NAN, ROOT, TOL, assert_close
+
+POISON = 4  # slots [0, POISON) hold NaN: table entries no walk may read point there
+
+
+@functools.cache
+def _child_results() -> dict[str, tuple[str, str]]:
+    """Run this file under TRITON_INTERPRET=1 in a child pytest: test name -> (outcome, detail)."""
+    drop = ("PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["TRITON_INTERPRET"] = "1"
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.xml"
+        cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"]
+        proc = subprocess.run(
+            [*cmd, f"--junit-xml={report}"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        if not report.exists():
+            raise RuntimeError(
+                f"child pytest wrote no report (exit {proc.returncode}):\n"
+                f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            )
+        results = {}
+        for case in ET.parse(report).iter("testcase"):
+            outcome, detail = "passed", ""
+            for kind in ("failure", "error", "skipped"):
+                node = case.find(kind)
+                if node is not None:
+                    outcome, detail = kind, (node.text or node.get("message") or "").strip()
+            results[case.get("name", "")] = (outcome, detail)
+        return results
+
+
+def interpreted(test: Callable[..., None]) -> Callable[..., None]:
+    """Run the test here if this process interprets Triton, else report its outcome in the child
+    (see test_kernels._interpreting for why)."""
+    if INTERPRETING:
+        return test
+
+    @functools.wraps(test)
+    def from_child(*args: object, **kwargs: object) -> None:
+        name = os.environ["PYTEST_CURRENT_TEST"].split("::", 1)[1].rsplit(" ", 1)[0]
+        outcome, detail = _child_results().get(name, ("missing", "not reported by the child"))
+        if outcome == "skipped":
+            pytest.skip(detail)
+        if outcome != "passed":
+            pytest.fail(
+                f"{outcome} under TRITON_INTERPRET=1 (child process):\n{detail}", pytrace=False
+            )
+
+    return from_child
+
+
+if INTERPRETING:  # test_kernels loaded kernels/ (and patched an old interpreter) on import
+    wk: Any = test_kernels.wk
+    ref: Any = test_kernels.ref
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(4321)
+
+
+@pytest.fixture
+def bf16_dot(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The interpreter keeps bfloat16 as its uint16 bits and its tl.dot multiplies those bits
+    (triton-lang/triton#11584: bf16 is unsupported there). For the test's duration, widen bf16 dot
+    operands to float32 (exact) first; everything else of the kernels runs unpatched."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpreterBuilder.create_dot
+
+    def widen(h: Any) -> Any:
+        if h.dtype != tl.bfloat16:
+            return h
+        bits = (h.data.astype(np.uint32) << 16).view(np.float32)
+        return interpreter.TensorHandle(bits, tl.float32)
+
+    def create_dot(self: Any, a: Any, b: Any, *rest: Any) -> Any:
+        return original(self, widen(a), widen(b), *rest)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    yield
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Request b shares group group_of[b]'s prefixes[g] keys (-1: none), then has own[b] keys of
+    its own (0 with no group: a padded row, seq_len 0). blocks: (group, members) per SharedPrefix
+    block, members padded with -1 to the longest; group -1 is an unused block (length 0) whose
+    members, if any, are stale."""
+
+    prefixes: list[int]
+    group_of: list[int]
+    own: list[int]
+    blocks: list[tuple[int, list[int]]]
+
+
+# two groups (3 and 2 members) and two loners; an unused block with stale members
+TWO_GROUPS = Scenario(
+    prefixes=[37, 80],
+    group_of=[0, 1, -1, 0, 1, 0, -1],
+    own=[1, 5, 9, 20, 1, 3, 30],
+    blocks=[(0, [0, 3, 5, -1]), (1, [1, 4]), (-1, [2, 6])],
+)
+# one group of 5 over two blocks (the second partly filled), a loner, a padded row
+SPLIT_GROUP = Scenario(
+    prefixes=[50],
+    group_of=[0, 0, -1, 0, 0, -1, 0],
+    own=[1, 17, 6, 3, 40, 0, 1],
+    blocks=[(0, [0, 1, 3]), (0, [4, 6, -1]), (-1, [-1, -1, -1])],
+)
+# 10 members in one block: in fp32 with G = 4, two member tiles of 8 (32 query rows each)
+WIDE_BLOCK = Scenario(
+    prefixes=[64],
+    group_of=[0] * 10 + [-1],
+    own=[1, 2, 3, 4, 5, 6, 7, 8, 9, 33, 0],
+    blocks=[(0, list(range(10)))],
+)
+# nobody shares: kv_starts all 0, only unused blocks
+NO_SHARING = Scenario(
+    prefixes=[20], group_of=[-1, -1, -1], own=[7, 1, 40], blocks=[(-1, [0, 1]), (-1, [2, -1])]
+)
+
+
+@dataclass
+class Batch:
+    q: torch.Tensor  # [B, H, D]
+    k_buffer: torch.Tensor  # [num_slots, Hkv, D]; slots no walk may read hold NaN
+    v_buffer: torch.Tensor
+    table: torch.Tensor  # [rows, ctx]: each request's row holds its whole context
+    cascade_table: torch.Tensor  # the same, but members' prefix entries point at NaN slots
+    rows: torch.Tensor  # [B]
+    seq_lens: torch.Tensor  # [B]; 0 = a padded row
+    kv_starts: torch.Tensor  # [B]
+    shared: Any  # SharedPrefix
+
+
+def make_batch(
+    sc: Scenario,
+    heads: int,
+    hkv: int,
+    dim: int,
+    dtype: torch.dtype,
+    num_splits: int,
+    index: torch.dtype = torch.int64,
+    **launch: int | None,  # SharedPrefix's block_n, num_warps, num_stages
+) -> Batch:
+    """The scenario on a shuffled pool. Each group's prefix sits in a spare table row, its blocks'
+    row; the cascade table points members' prefix entries at NaN slots, so that only the block row
+    can supply the prefix, and the full table gives the reference every request's whole context."""
+    bsz = len(sc.own)
+    pre_lens = [sc.prefixes[g] if g >= 0 else 0 for g in sc.group_of]
+    lens = [p + n for p, n in zip(pre_lens, sc.own, strict=True)]
+    used = sum(sc.prefixes) + sum(sc.own)
+    num_slots = POISON + used + 3
+    k_buffer = torch.full((num_slots, hkv, dim), NAN, dtype=dtype)
+    v_buffer = torch.full((num_slots, hkv, dim), NAN, dtype=dtype)
+    free = (torch.randperm(num_slots - POISON) + POISON).tolist()
+    k_buffer[free[:used]] = torch.randn(used, hkv, dim).to(dtype)
+    v_buffer[free[:used]] = torch.randn(used, hkv, dim).to(dtype)
+
+    def take(n: int) -> torch.Tensor:
+        nonlocal free
+        slots, free = torch.tensor(free[:n], dtype=torch.int64), free[n:]
+        return slots
+
+    num_rows = bsz + len(sc.prefixes) + 3
+    table = torch.randint(POISON, (num_rows, max(lens) + 5))
+    order = torch.randperm(num_rows).tolist()
+    rows, spare = order[:bsz], order[bsz : bsz + len(sc.prefixes)]
+    prefix_slots = [take(n) for n in sc.prefixes]
+    for g, slots in enumerate(prefix_slots):
+        table[spare[g], : len(slots)] = slots
+    cascade_table = table.clone()
+    for b, (g, n) in enumerate(zip(sc.group_of, sc.own, strict=True)):
+        mine = take(n)
+        pre = prefix_slots[g] if g >= 0 else mine[:0]
+        table[rows[b], : len(pre) + n] = torch.cat((pre, mine))
+        cascade_table[rows[b], len(pre) : len(pre) + n] = mine
+
+    width = max(len(m) for _, m in sc.blocks)
+    members = [m + [-1] * (width - len(m)) for _, m in sc.blocks]
+    shared = wk.SharedPrefix(
+        torch.tensor(members, dtype=index),
+        torch.tensor([spare[g] if g >= 0 else 0 for g, _ in sc.blocks], dtype=index),
+        torch.tensor([sc.prefixes[g] if g >= 0 else 0 for g, _ in sc.blocks], dtype=index),
+        num_splits,
+        **launch,
+    )
+    return Batch(
+        q=torch.randn(bsz, heads, dim).to(dtype),
+        k_buffer=k_buffer,
+        v_buffer=v_buffer,
+        table=table.to(index),
+        cascade_table=cascade_table.to(index),
+        rows=torch.tensor(rows, dtype=index),
+        seq_lens=torch.tensor(lens, dtype=index),
+        kv_starts=torch.tensor(pre_lens, dtype=index),
+        shared=shared,
+    )
+
+
+def check(batch: Batch, splits: int, dtype: torch.dtype, **kwargs: Any) -> None:
+    """The cascade call (output NaN-poisoned first) against the reference over the full table
+    and against the kernel without sharing; padded rows give zeros."""
+    out = torch.full(batch.q.shape, NAN, dtype=dtype)
+    pool = (batch.k_buffer, batch.v_buffer)
+    scale = batch.q.shape[2] ** -0.5
+    cascade = (batch.cascade_table, batch.rows, batch.seq_lens)
+    wk.decode_attention(
+        batch.q, *pool, *cascade, out, scale, splits,
+        kv_starts=batch.kv_starts, shared=batch.shared, **kwargs,
+    )  # fmt: skip
+    live = (batch.seq_lens > 0).nonzero().flatten()
+    padded = (batch.seq_lens == 0).nonzero().flatten()
+    assert torch.equal(out[padded], torch.zeros_like(out[padded]))
+    full = (batch.table, batch.rows[live], batch.seq_lens[live])
+    assert_close(
+        out[live], ref.decode_attention_ref(batch.q[live], *pool, *full, scale), TOL[dtype]
+    )
+    plain = torch.full(batch.q.shape, NAN, dtype=dtype)
+    args = (batch.table, batch.rows, batch.seq_lens, plain, scale, splits)
+    wk.decode_attention(batch.q, *pool, *args, block_n=kwargs.get("block_n"))
+    assert_close(out[live], plain[live].float(), TOL[dtype])
+
+
+CASES = [
+    # scenario, heads, kv heads, dtype, splits, prefix splits, block_n (both kernels)
+    pytest.param(TWO_GROUPS, 8, 2, torch.bfloat16, 1, 1, None, id="two-groups-G4-bf16-defaults"),
+    pytest.param(TWO_GROUPS, 2, 2, torch.bfloat16, 3, 2, 16, id="two-groups-G1-bf16-s3-p2"),
+    pytest.param(TWO_GROUPS, 8, 2, torch.float32, 2, 3, 16, id="two-groups-G4-fp32-s2-p3"),
+    pytest.param(SPLIT_GROUP, 8, 2, torch.float32, 1, 5, 16, id="split-group-G4-fp32-p5-one-empty"),
+    pytest.param(SPLIT_GROUP, 2, 1, torch.bfloat16, 4, 1, 16, id="split-group-G2-bf16-s4"),
+    pytest.param(SPLIT_GROUP, 6, 2, torch.float16, 2, 2, 16, id="split-group-G3-fp16"),
+    pytest.param(WIDE_BLOCK, 8, 2, torch.float32, 2, 2, None, id="wide-block-G4-fp32-two-tiles"),
+    pytest.param(WIDE_BLOCK, 2, 2, torch.bfloat16, 1, 1, None, id="wide-block-G1-bf16"),
+]
+
+
+@pytest.mark.parametrize("sc, heads, hkv, dtype, splits, prefix_splits, block_n", CASES)
+@interpreted
+def test_shared_prefix_matches_reference(
+    sc: Scenario,
+    heads: int,
+    hkv: int,
+    dtype: torch.dtype,
+    splits: int,
+    prefix_splits: int,
+    block_n: int | None,
+    request: pytest.FixtureRequest,
+) -> None:
+    if dtype == torch.bfloat16:
+        request.getfixturevalue("bf16_dot")
+    batch = make_batch(sc, heads, hkv, 32, dtype, prefix_splits, block_n=block_n)
+    check(batch, splits, dtype, block_n=block_n)
+
+
+@interpreted
+def test_graph_style_workspace_int32_and_launch_overrides() -> None:
+    """A larger NaN-poisoned workspace (more rows and columns than needed), int32 indices
+    everywhere, and num_warps / num_stages overrides for both stage-1 kernels."""
+    launch = {"block_n": 16, "num_warps": 2, "num_stages": 1}
+    batch = make_batch(SPLIT_GROUP, 8, 2, 32, torch.float32, 2, torch.int32, **launch)
+    bsz = batch.q.shape[0]
+    partials = (torch.full((bsz + 3, 8, 7, 32), NAN), torch.full((bsz + 3, 8, 7), NAN))
+    check(batch, 3, torch.float32, partials=partials, **launch)
+
+
+@interpreted
+def test_no_member_shares_gives_plain_decode() -> None:
+    check(make_batch(NO_SHARING, 4, 2, 32, torch.float32, 3), 2, torch.float32)
+
+
+@interpreted
+def test_invalid_arguments() -> None:
+    batch = make_batch(TWO_GROUPS, 4, 2, 32, torch.float32, 2)
+    out = torch.empty(batch.q.shape)
+    args = (batch.q, batch.k_buffer, batch.v_buffer, batch.table, batch.rows, batch.seq_lens, out)
+    with pytest.raises(ValueError, match="together"):
+        wk.decode_attention(*args, 0.1, 2, kv_starts=batch.kv_starts)
+    with pytest.raises(ValueError, match="together"):
+        wk.decode_attention(*args, 0.1, 2, shared=batch.shared)
+    shared = batch.shared
+    members, rows, lens = shared.block_members, shared.block_rows, shared.block_lens
+    with pytest.raises(ValueError, match="block_members"):
+        wk.SharedPrefix(members[:, :0], rows, lens, 1)
+    with pytest.raises(ValueError, match="block_members"):
+        wk.SharedPrefix(members.flatten(), rows, lens, 1)
+    with pytest.raises(ValueError, match="block_lens"):
+        wk.SharedPrefix(members, rows, lens[:1], 1)
+    with pytest.raises(ValueError, match="num_splits"):
+        wk.SharedPrefix(members, rows, lens, 0)
+    with pytest.raises(ValueError, match="block_n"):
+        wk.SharedPrefix(members, rows, lens, 1, block_n=8)
+    narrow = (torch.empty(7, 4, 3, 32), torch.empty(7, 4, 3))  # 2 + 2 columns needed
+    with pytest.raises(AssertionError):
+        wk.decode_attention(*args, 0.1, 2, narrow, kv_starts=batch.kv_starts, shared=shared)
