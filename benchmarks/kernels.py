@@ -57,6 +57,8 @@ def time_ms(fn: Callable[[], object]) -> float:
     """Median milliseconds of fn over repeated CUDA-event timings, after warm-up."""
     from triton.testing import do_bench
 
+    fn()  # compile outside do_bench: a compile in its first call shrinks its repeat count
+    torch.cuda.synchronize()
     return float(do_bench(fn, warmup=25, rep=200, return_mode="median"))
 
 

@@ -27,7 +27,7 @@ case "${1:-}" in
     timeout "${OFF_S:-300}" python3 offline.py --mode offline --num-prompts 1000 \
       --hf-num-prompts 64 --hf-compile off $big --output-file "$OUT/offline.json" 2>&1 \
       | tee "$OUT/offline.log" | grep "^|\|copy band"
-    timeout "${PRE_S:-220}" python3 offline.py --mode prefix --groups "${GROUPS:-32}" \
+    timeout "${PRE_S:-220}" python3 offline.py --mode prefix --groups "${NGROUPS:-32}" \
       --group-size 16 $big --output-file "$OUT/prefix.json" 2>&1 \
       | tee "$OUT/prefix.log" | grep "^|\|copy band"
     ;;

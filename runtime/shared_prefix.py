@@ -11,6 +11,8 @@ if TYPE_CHECKING:
 
 MIN_SHARED_TOKENS = 256  # shorter shared prefixes are cheaper read per request
 MEMBERS_PER_BLOCK = 16  # requests whose queries one attention program takes over the prefix
+BLOCKS_PER_REQUESTS = 8  # at most one block per 8 requests of the batch (see max_blocks)
+PREFIX_SPLITS = 4  # splits of a block's prefix (H200 sweep: 4 beat 8 and 16 at 4 and 16 groups)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ def plan_shared_prefixes(
     reqs: list[Req],
     min_tokens: int = MIN_SHARED_TOKENS,
     members_per_block: int = MEMBERS_PER_BLOCK,
+    block_limit: int | None = None,
 ) -> SharedPrefixPlan | None:
     """Group the requests by the deepest radix node that at least two of them lie under.
 
@@ -44,7 +47,9 @@ def plan_shared_prefixes(
     (`req.last_node`, covering `req.prefix_len` tokens), so two requests under the same node share
     the slots of every position before that node's end. Each request joins the group of the deepest
     node on its path shared with another request of the batch, if that node ends at least
-    `min_tokens` in. None when no group forms (or no request has a tree path: caching off).
+    `min_tokens` in. The groups that save the most prefix reads get blocks first, up to
+    `block_limit` blocks (default `max_blocks(len(reqs))`); the rest read their prefix per request.
+    None when no group gets a block (or no request has a tree path: caching off).
     """
     paths: list[list[tuple[Any, int]]] = []  # per request: (node, its end in tokens), deepest first
     under: dict[int, int] = defaultdict(int)  # id(node) -> requests of the batch under it
@@ -70,14 +75,20 @@ def plan_shared_prefixes(
                     groups[id(node)].append(b)
                     lens[id(node)] = end
                 break
-    groups = {key: members for key, members in groups.items() if len(members) >= 2}
-    if not groups:
-        return None
+    limit = max_blocks(len(reqs)) if block_limit is None else block_limit
+    # prefix tokens not re-read, per group: the biggest savings get blocks first
+    # (ties go to the group whose first request comes first: the same plan on every TP rank)
+    saved = sorted(
+        (-(len(m) - 1) * lens[key], m[0], key) for key, m in groups.items() if len(m) > 1
+    )
     kv_starts = [0] * len(reqs)
     block_members: list[list[int]] = []
     block_rows: list[int] = []
     block_lens: list[int] = []
-    for key, members in groups.items():
+    for _, _, key in saved:
+        members = groups[key]
+        if len(block_lens) + -(-len(members) // members_per_block) > limit:
+            continue
         for b in members:
             kv_starts[b] = lens[key]
         for first in range(0, len(members), members_per_block):
@@ -87,10 +98,12 @@ def plan_shared_prefixes(
             assert row is not None
             block_rows.append(row)
             block_lens.append(lens[key])
+    if not block_lens:
+        return None
     return SharedPrefixPlan(kv_starts, block_members, block_rows, block_lens)
 
 
-def max_blocks(batch_size: int, members_per_block: int = MEMBERS_PER_BLOCK) -> int:
-    """The most blocks a plan for `batch_size` requests can have (every group has >= 2 members,
-    so a group of k members makes at most k // 2 blocks)."""
-    return max(1, batch_size // 2) if members_per_block >= 2 else batch_size
+def max_blocks(batch_size: int) -> int:
+    """The most blocks a plan for `batch_size` requests has. In CUDA graphs the prefix kernel runs
+    a program per possible block, and empty ones cost time too: at most one per 8 requests."""
+    return max(1, batch_size // BLOCKS_PER_REQUESTS)

@@ -9,11 +9,13 @@ from weft.kernels.decode import decode_num_kv_splits
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch
 from weft.runtime.memory import KVPool
-from weft.runtime.shared_prefix import MEMBERS_PER_BLOCK, SharedPrefixPlan, max_blocks
+from weft.runtime.shared_prefix import (
+    MEMBERS_PER_BLOCK,
+    PREFIX_SPLITS,
+    SharedPrefixPlan,
+    max_blocks,
+)
 from weft.runtime.transfer import to_device
-
-# splits of a shared prefix inside CUDA graphs (the real number of groups is known only at replay)
-GRAPH_PREFIX_SPLITS = 8
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -64,7 +66,7 @@ class TritonAttentionBackend(AttentionBackend):
         nb = max_blocks(bs)
         assert starts.numel() >= bs, "capture the largest size first"
         self.kv_starts = starts[:bs]
-        splits = max(1, min(GRAPH_PREFIX_SPLITS, context // 256))
+        splits = max(1, min(PREFIX_SPLITS, context // 256))
         self.shared = SharedPrefix(members[:nb], rows[:nb], lens[:nb], splits)
 
     def prepare_replay(self, batch: ForwardBatch, padded_size: int) -> None:
@@ -167,9 +169,7 @@ class TritonAttentionBackend(AttentionBackend):
             plan.kv_starts + members + plan.block_rows + plan.block_lens, torch.int32, self.device
         )
         cut = b + len(members)
-        splits = decode_num_kv_splits(
-            used, self.pool.num_kv_heads, max(plan.block_lens), self.num_sms
-        )
+        splits = max(1, min(PREFIX_SPLITS, max(plan.block_lens) // 256))
         shared = SharedPrefix(
             flat[b:cut].view(used, MEMBERS_PER_BLOCK),
             flat[cut : cut + used],

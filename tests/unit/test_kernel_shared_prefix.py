@@ -319,3 +319,74 @@ def test_invalid_arguments() -> None:
     narrow = (torch.empty(7, 4, 3, 32), torch.empty(7, 4, 3))  # 2 + 2 columns needed
     with pytest.raises(AssertionError):
         wk.decode_attention(*args, 0.1, 2, narrow, kv_starts=batch.kv_starts, shared=shared)
+
+
+@interpreted
+def test_triton_backend_reads_planned_prefixes_eagerly_and_from_graph_buffers() -> None:
+    """The runtime wiring: TritonAttentionBackend given a SharedPrefixPlan, eagerly and through
+    the static buffers a CUDA graph reads (prepare_graph, then prepare_replay per step, here
+    without a graph), equals the torch backend; a later step without a plan too."""
+    from weft.runtime.attention.torch_backend import TorchAttentionBackend
+    from weft.runtime.attention.triton_backend import TritonAttentionBackend
+    from weft.runtime.batch import ForwardBatch, ForwardMode
+    from weft.runtime.memory import KVPool
+    from weft.runtime.shared_prefix import MEMBERS_PER_BLOCK, SharedPrefixPlan
+
+    heads, hkv, dim, prefix, pad = 4, 2, 16, 40, 8
+    pool = KVPool(600, 1, hkv, dim, torch.float32, "cpu")
+    pool.k[0].normal_()
+    pool.v[0].normal_()
+    table = torch.zeros(10, 128, dtype=torch.int64)  # row 0: the padding row
+    own, rows = [5, 9, 1, 30, 12], [3, 1, 7, 2, 5]  # requests 0-2 share the prefix
+    shared_slots, nxt, seq = torch.arange(10, 10 + prefix), 100, []
+    for b, n in enumerate(own):
+        start = shared_slots if b < 3 else torch.arange(nxt, nxt + prefix)
+        nxt += 0 if b < 3 else prefix
+        table[rows[b], : prefix + n] = torch.cat([start, torch.arange(nxt, nxt + n)])
+        nxt += n
+        seq.append(prefix + n)
+    plan = SharedPrefixPlan(
+        kv_starts=[prefix] * 3 + [0, 0],
+        block_members=[[0, 1, 2] + [-1] * (MEMBERS_PER_BLOCK - 3)],
+        block_rows=[rows[0]],
+        block_lens=[prefix],
+    )
+    bsz = len(own)
+    q, k, v = torch.randn(bsz, heads, dim), torch.randn(bsz, hkv, dim), torch.randn(bsz, hkv, dim)
+    rows_t, seq_t = torch.tensor(rows), torch.tensor(seq)
+
+    def batch(n: int, shared: SharedPrefixPlan | None) -> ForwardBatch:
+        padded = [0] * (n - bsz)
+        return ForwardBatch(
+            mode=ForwardMode.DECODE,
+            input_ids=torch.zeros(n, dtype=torch.int64),
+            positions=torch.tensor([s - 1 for s in seq] + padded),
+            out_cache_loc=torch.cat([table[rows_t, seq_t - 1], torch.zeros(n - bsz).long()]),
+            req_rows=torch.tensor(rows + padded),
+            seq_lens=torch.tensor(seq + padded),
+            extend_lens=torch.ones(n, dtype=torch.int64),
+            seq_lens_cpu=seq + padded,
+            extend_lens_cpu=[1] * n,
+            shared=shared,
+        )
+
+    def padded(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, torch.zeros(pad - bsz, *x.shape[1:])])
+
+    reference = TorchAttentionBackend(pool, table)
+    reference.prepare(batch(bsz, None))
+    want = reference.forward(q, k, v, 0, batch(bsz, None), dim**-0.5)
+    backend = TritonAttentionBackend(pool, table)
+    backend.shared_prefix = True
+    backend.prepare(batch(bsz, plan))
+    assert backend.shared is not None and backend.kv_starts is not None
+    assert_close(backend.forward(q, k, v, 0, batch(bsz, plan), dim**-0.5), want, TOL[torch.float32])
+    static = batch(pad, None)  # what a graph of size `pad` would have captured
+    backend.prepare_graph(static)
+    for step_plan in (plan, None):
+        backend.prepare_replay(batch(bsz, step_plan), pad)
+        assert backend.kv_starts is not None
+        assert backend.kv_starts[:bsz].tolist() == (plan.kv_starts if step_plan else [0] * bsz)
+        out = backend.forward(padded(q), padded(k), padded(v), 0, static, dim**-0.5)
+        assert_close(out[:bsz], want, TOL[torch.float32])
+        assert not out[bsz:].any(), "padded rows attend nothing"

@@ -21,7 +21,9 @@ def prefilled(cache: KVCacheManager, rid: str, prompt: list[int]) -> Req:
     return req
 
 
-def check_plan(cache: KVCacheManager, reqs: list[Req], plan: SharedPrefixPlan) -> None:
+def check_plan(
+    cache: KVCacheManager, reqs: list[Req], plan: SharedPrefixPlan, limit: int | None = None
+) -> None:
     """Every member's start is its block's length, its block's row holds the same slots there,
     and it is in exactly one block; non-members start at 0."""
     seen: dict[int, int] = {}
@@ -41,7 +43,7 @@ def check_plan(cache: KVCacheManager, reqs: list[Req], plan: SharedPrefixPlan) -
         row = reqs[b].row
         assert row is not None
         assert table[plan.block_rows[k], :start].tolist() == table[row, :start].tolist()
-    assert plan.num_blocks <= max_blocks(len(reqs))
+    assert plan.num_blocks <= (max_blocks(len(reqs)) if limit is None else limit)
 
 
 def blocks_of(plan: SharedPrefixPlan) -> list[tuple[int, list[int]]]:
@@ -67,9 +69,9 @@ def test_groups_follow_the_deepest_node_two_requests_share(page_size: int) -> No
         list(range(500, 530)),  # shares nothing
     ]
     reqs = [prefilled(cache, f"r{i}", p) for i, p in enumerate(prompts)]
-    plan = plan_shared_prefixes(reqs, min_tokens=1)
+    plan = plan_shared_prefixes(reqs, min_tokens=1, block_limit=4)
     assert plan is not None
-    check_plan(cache, reqs, plan)
+    check_plan(cache, reqs, plan, limit=4)
     aligned = (len(system) + 16) // page_size * page_size
     assert plan.kv_starts[:5] == [aligned] * 5
     assert plan.kv_starts[6] == 0
@@ -92,9 +94,9 @@ def test_big_groups_are_cut_into_blocks_of_members() -> None:
     cache = make_cache(1, num_pages=400, max_reqs=12, max_context=64)
     shared = list(range(100, 120))
     reqs = [prefilled(cache, f"r{i}", shared + [i, 50 + i]) for i in range(11)]
-    plan = plan_shared_prefixes(reqs, min_tokens=1, members_per_block=4)
+    plan = plan_shared_prefixes(reqs, min_tokens=1, members_per_block=4, block_limit=3)
     assert plan is not None
-    check_plan(cache, reqs, plan)
+    check_plan(cache, reqs, plan, limit=3)
     assert plan.block_members == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, -1]]
     assert plan.block_lens == [20, 20, 20]
 
@@ -103,3 +105,18 @@ def test_no_tree_path_no_plan() -> None:
     cache = make_cache(1, num_pages=200, tree="none", max_reqs=4, max_context=64)
     reqs = [prefilled(cache, f"r{i}", list(range(100, 130)) + [i]) for i in range(3)]
     assert plan_shared_prefixes(reqs, min_tokens=1) is None
+
+
+def test_block_limit_keeps_the_groups_that_save_the_most_reads() -> None:
+    cache = make_cache(1, num_pages=600, max_reqs=16, max_context=64)
+    long_doc, short_doc = list(range(100, 140)), list(range(200, 212))
+    reqs = [prefilled(cache, f"a{i}", long_doc + [i, 60 + i]) for i in range(3)]  # saves 2 x 40
+    reqs += [prefilled(cache, f"b{i}", short_doc + [i, 70 + i]) for i in range(5)]  # 4 x 12
+    plan = plan_shared_prefixes(reqs, min_tokens=1, block_limit=1)
+    assert plan is not None
+    check_plan(cache, reqs, plan, limit=1)
+    assert plan.kv_starts == [40, 40, 40, 0, 0, 0, 0, 0]
+    plan = plan_shared_prefixes(reqs, min_tokens=1, block_limit=2)
+    assert plan is not None and plan.kv_starts == [40, 40, 40] + [12] * 5
+    assert plan_shared_prefixes(reqs, min_tokens=1, block_limit=0) is None
+    assert max_blocks(7) == 1 and max_blocks(256) == 32
