@@ -294,7 +294,7 @@ class ModelRunner:
         out = self.sampler(logits, inputs, want_logprobs=any(r.return_logprob for r in reqs))
         if self.tp is not None:  # every rank continues with rank 0's tokens
             self.tp.broadcast_tokens(out.next_ids)
-        step.next_ids, step.logprobs = out.next_ids, out.logprobs
+        step.logprobs = out.logprobs
         self._last_ids = (step.number, out.next_ids)
         if self.device.type == "cuda":  # the tokens come back while the GPU goes on
             host = self._host_ids[step.number % len(self._host_ids)][: out.next_ids.numel()]

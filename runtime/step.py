@@ -33,7 +33,6 @@ class LaunchedStep:
     batch: Batch
     results: list[ReqStepResult]  # prompt logprobs are filled at launch
     samplers: list[int] = field(default_factory=list)  # batch indices that sample, in row order
-    next_ids: torch.Tensor | None = None  # [S] on the device
     host_ids: torch.Tensor | None = None  # [S] on the host, valid once `ready` has passed
     ready: torch.cuda.Event | None = None
     logprobs: torch.Tensor | None = None  # [S, V] when some sampling request wants logprobs

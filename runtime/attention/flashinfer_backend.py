@@ -63,8 +63,9 @@ class FlashInferAttentionBackend(AttentionBackend):
     def prepare(self, batch: ForwardBatch) -> None:
         self._decode = self.decode_tc
         self._lists = self._page_lists(batch.req_rows, batch.seq_lens_cpu, batch.batch_size)
-        qo = itertools.accumulate(batch.extend_lens_cpu, initial=0)
-        self._qo_indptr = _pinned(list(qo))
+        self._qo_indptr = None
+        if any(n != 1 for n in batch.extend_lens_cpu):  # extend steps only: decode plans lack it
+            self._qo_indptr = _pinned(list(itertools.accumulate(batch.extend_lens_cpu, initial=0)))
         self._batch = batch
         self._planned = None
 
