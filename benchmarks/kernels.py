@@ -211,8 +211,9 @@ def bench_shared_prefix(ceiling: float) -> None:
         configs: list[tuple[int, dict[str, int]]] = [
             (decode_num_kv_splits(groups, 8, prefix, sms), {})  # the runtime's pick
         ] + [
-            (sp, {"num_warps": w, "num_stages": st})
-            for sp in (4, 8, 16)
+            (sp, {"block_n": bn, "num_warps": w, "num_stages": st})
+            for sp in (2, 4, 8)
+            for bn in (32, 64)
             for w in (4, 8)
             for st in (2, 3, 4)
         ]
