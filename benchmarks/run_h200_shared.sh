@@ -6,6 +6,8 @@
 #   bash benchmarks/run_h200_shared.sh suite   # shared-prefix kernel sweep; offline 1000 x
 #                                              # 1000/1000 with the HF peer;
 #                                              # prefix sharing: cache off / on / on, read per request
+#   bash benchmarks/run_h200_shared.sh fp8     # the fp8 KV test; offline 1000 x 1000/1000 with an
+#                                              # fp8 KV pool and up to 768 running
 # Logs under $OUT (or ./h200-logs).
 set -u
 OUT=${OUT:-h200-logs}; mkdir -p "$OUT"
@@ -31,5 +33,14 @@ case "${1:-}" in
       --group-size 16 $big --output-file "$OUT/prefix.json" 2>&1 \
       | tee "$OUT/prefix.log" | grep "^|\|copy band"
     ;;
-  *) echo "usage: $0 checks|suite" >&2; exit 2 ;;
+  fp8)  # kv_cache_dtype fp8_e4m3: twice the tokens in the pool, half the KV bytes per step
+    timeout 200 $PYTEST tests/gpu/test_engine_cuda.py tests/gpu/test_kernels_cuda.py -k "fp8" 2>&1 \
+      | grep "pool\|passed\|failed\|Error" | tee "$OUT/fp8_test.log"
+    cd benchmarks
+    timeout "${OFF_S:-330}" python3 offline.py --mode offline --num-prompts 1000 --no-hf \
+      --engine-arg kv_cache_dtype=fp8_e4m3 --engine-arg max_running_requests=768 \
+      --engine-arg cuda_graph_max_bs=512 --output-file "$OUT/offline_fp8.json" 2>&1 \
+      | tee "$OUT/offline_fp8.log" | grep "^|\|copy band"
+    ;;
+  *) echo "usage: $0 checks|suite|fp8" >&2; exit 2 ;;
 esac

@@ -5,6 +5,13 @@ from __future__ import annotations
 import torch
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+FP8_KV = torch.float8_e4m3fn  # an fp8 KV pool: stored saturated at +-FP8_MAX, read back upcast
+FP8_MAX = 448.0
+
+
+def kv_dtypes(q_dtype: torch.dtype) -> tuple[torch.dtype, ...]:
+    """The KV pool dtypes attention kernels read with queries of q_dtype."""
+    return (q_dtype, FP8_KV)
 
 
 def check_tensor(

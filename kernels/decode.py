@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._check import INDEX_DTYPES, check_tensor
+from ._check import INDEX_DTYPES, check_tensor, kv_dtypes
 
 if TYPE_CHECKING:
     from .shared_prefix import SharedPrefix
@@ -51,7 +51,7 @@ def _attend(  # type: ignore[no-untyped-def]
         slot = tl.load(Tokens + n, mask=n_mask, other=0).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k_ptrs = K_buf + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D] (fp8 up)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_R, N]
         s = tl.where(n_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -59,7 +59,7 @@ def _attend(  # type: ignore[no-untyped-def]
         p = tl.exp2(s - m_new[:, None])  # [BLOCK_R, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, 1)
         v_ptrs = V_buf + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
@@ -239,8 +239,8 @@ def decode_attention(
     num_kv_heads = k_buffer.shape[1]
     dev = q.device
     check_tensor(q, "q", (bsz, heads, dim), (torch.float16, torch.bfloat16, torch.float32), dev)
-    check_tensor(k_buffer, "k_buffer", (None, num_kv_heads, dim), (q.dtype,), dev)
-    check_tensor(v_buffer, "v_buffer", tuple(k_buffer.shape), (q.dtype,), dev)
+    check_tensor(k_buffer, "k_buffer", (None, num_kv_heads, dim), kv_dtypes(q.dtype), dev)
+    check_tensor(v_buffer, "v_buffer", tuple(k_buffer.shape), (k_buffer.dtype,), dev)
     check_tensor(req_to_token, "req_to_token", (None, None), INDEX_DTYPES, dev)
     check_tensor(req_rows, "req_rows", (bsz,), INDEX_DTYPES, dev)
     check_tensor(seq_lens, "seq_lens", (bsz,), INDEX_DTYPES, dev)

@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._check import INDEX_DTYPES, check_tensor
+from ._check import INDEX_DTYPES, check_tensor, kv_dtypes
 from .decode import LOG2E
 
 
@@ -76,7 +76,7 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
             kv_mask = n_mask[:, None] & d_mask[None, :]
             slot = tl.load(Req_to_token + row * stride_rr + n, mask=n_mask, other=0).to(tl.int64)
             k_ptrs = K_buf + slot[:, None] * stride_kbt + kvh * stride_kbh + offs_d[None, :]
-            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N]
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -84,7 +84,7 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v_ptrs = V_buf + slot[:, None] * stride_vbt + kvh * stride_vbh + offs_d[None, :]
-            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0).to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m_i = m_new
 
@@ -145,8 +145,8 @@ def extend_attention(
     check_tensor(q, "q", (tokens, heads, dim), (torch.float16, torch.bfloat16, torch.float32), dev)
     check_tensor(k, "k", (tokens, num_kv_heads, dim), (q.dtype,), dev)
     check_tensor(v, "v", (tokens, num_kv_heads, dim), (q.dtype,), dev)
-    check_tensor(k_buffer, "k_buffer", (None, num_kv_heads, dim), (q.dtype,), dev)
-    check_tensor(v_buffer, "v_buffer", tuple(k_buffer.shape), (q.dtype,), dev)
+    check_tensor(k_buffer, "k_buffer", (None, num_kv_heads, dim), kv_dtypes(q.dtype), dev)
+    check_tensor(v_buffer, "v_buffer", tuple(k_buffer.shape), (k_buffer.dtype,), dev)
     check_tensor(req_to_token, "req_to_token", (None, None), INDEX_DTYPES, dev)
     for name, t in (("req_rows", req_rows), ("prefix_lens", prefix_lens)):
         check_tensor(t, name, (bsz,), INDEX_DTYPES, dev)

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._check import INDEX_DTYPES, check_tensor
+from ._check import FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor
 
 
 @triton.jit
@@ -28,6 +28,7 @@ def _store_kv_kernel(  # type: ignore[no-untyped-def]
     D: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    SATURATE: tl.constexpr,  # > 0: clamp to +-SATURATE before the cast (an fp8 pool)
 ):
     t = tl.program_id(0)
     slot = tl.load(Loc + t).to(tl.int64)
@@ -37,6 +38,9 @@ def _store_kv_kernel(  # type: ignore[no-untyped-def]
     hd = offs_h[:, None]  # [BLOCK_H, 1]
     k = tl.load(K + t * stride_kt + hd * stride_kh + offs_d[None, :], mask=mask)  # [H, D] blocks
     v = tl.load(V + t * stride_vt + hd * stride_vh + offs_d[None, :], mask=mask)
+    if SATURATE > 0:
+        k = tl.minimum(tl.maximum(k, -SATURATE), SATURATE)
+        v = tl.minimum(tl.maximum(v, -SATURATE), SATURATE)
     kb_ptrs = K_buf + slot * stride_kbt + hd * stride_kbh + offs_d[None, :]
     vb_ptrs = V_buf + slot * stride_vbt + hd * stride_vbh + offs_d[None, :]
     tl.store(kb_ptrs, k.to(K_buf.dtype.element_ty), mask=mask)
@@ -50,7 +54,8 @@ def store_kv(
     v_buffer: torch.Tensor,
     loc: torch.Tensor,  # [T] int slots (distinct)
 ) -> None:
-    """In place: k_buffer[loc] = k and v_buffer[loc] = v, cast to the pool's dtype."""
+    """In place: k_buffer[loc] = k and v_buffer[loc] = v, cast to the pool's dtype (an fp8 pool
+    saturates at +-448 instead of overflowing to NaN)."""
     tokens, num_kv_heads, dim = k.shape
     dev = k.device
     check_tensor(k, "k", (tokens, num_kv_heads, dim), None, dev)
@@ -66,5 +71,6 @@ def store_kv(
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         HKV=num_kv_heads, D=dim, BLOCK_H=block_h, BLOCK_D=block_d,
+        SATURATE=FP8_MAX if k_buffer.dtype == FP8_KV else 0.0,
         num_warps=4 if block_h * block_d <= 2048 else 8,
     )  # fmt: skip

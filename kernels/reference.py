@@ -67,7 +67,10 @@ def store_kv_ref(
     v_buffer: torch.Tensor,
     loc: torch.Tensor,  # [T] slots
 ) -> None:
-    """In place: k_buffer[loc] = k, v_buffer[loc] = v (cast to the pool's dtype)."""
+    """In place: k_buffer[loc] = k, v_buffer[loc] = v (cast to the pool's dtype; an fp8 pool
+    saturates at +-448)."""
+    if k_buffer.dtype == torch.float8_e4m3fn:
+        k, v = k.clamp(-448.0, 448.0), v.clamp(-448.0, 448.0)
     k_buffer[loc.long()] = k.to(k_buffer.dtype)
     v_buffer[loc.long()] = v.to(v_buffer.dtype)
 

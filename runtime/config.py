@@ -30,6 +30,9 @@ class EngineConfig:
     tokenizer: str | None = None  # defaults to the model's own
     load_format: Literal["auto", "dummy"] = "auto"
     dtype: DType = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    # the KV pool's element type: auto = the model dtype; fp8_e4m3 halves the pool's bytes (twice
+    # the tokens in the same memory, half the bytes read per decode step) at fp8 precision
+    kv_cache_dtype: Literal["auto", "fp8_e4m3"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0  # dummy weights and unseeded sampling
     context_length: int | None = None  # override the model's max_position_embeddings
@@ -70,6 +73,15 @@ class EngineConfig:
         if self.dtype not in ("auto", *_DTYPES):
             raise ValueError(
                 f"dtype must be one of auto/float32/bfloat16/float16, got {self.dtype!r}"
+            )
+        if self.kv_cache_dtype not in ("auto", "fp8_e4m3"):
+            raise ValueError(
+                f"kv_cache_dtype must be 'auto' or 'fp8_e4m3', got {self.kv_cache_dtype!r}"
+            )
+        if self.kv_cache_dtype == "fp8_e4m3" and self.attention_backend == "flashinfer":
+            raise ValueError(
+                "kv_cache_dtype='fp8_e4m3' is not wired for attention_backend='flashinfer' yet: "
+                "use attention_backend='triton' (the CUDA default) or 'torch'"
             )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
@@ -151,6 +163,11 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if self.resolved_device == "cuda" else torch.float32
         return _DTYPES[self.dtype]
+
+    @property
+    def kv_torch_dtype(self) -> torch.dtype:
+        """The KV pool's element type."""
+        return torch.float8_e4m3fn if self.kv_cache_dtype == "fp8_e4m3" else self.torch_dtype
 
     @property
     def resolved_overlap(self) -> bool:

@@ -59,6 +59,10 @@ class PageAllocator:
         return (base[:, None] + offs[None, :]).reshape(-1).to(self.device)
 
 
+FP8_KV = torch.float8_e4m3fn  # kv_cache_dtype="fp8_e4m3": half the bytes of a bf16 pool
+FP8_MAX = 448.0  # its largest finite value; stores saturate there
+
+
 class KVPool:
     """K and V buffers per layer, indexed by token slot: [num_slots, num_kv_heads, head_dim]."""
 
@@ -89,6 +93,8 @@ class KVPool:
 
     def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # loc: [T]; k, v: [T, Hkv, D]
+        if self.k[layer].dtype == FP8_KV:  # saturate: e4m3fn has no inf, overflow would be NaN
+            k, v = k.clamp(-FP8_MAX, FP8_MAX), v.clamp(-FP8_MAX, FP8_MAX)
         self.k[layer][loc] = k.to(self.k[layer].dtype)
         self.v[layer][loc] = v.to(self.v[layer].dtype)
 

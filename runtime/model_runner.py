@@ -69,15 +69,14 @@ class ModelRunner:
         assert isinstance(first, LlamaDecoderLayer)
         kv_heads = first.self_attn.num_kv_heads  # this rank's
         head_dim = head_dim_of(hf_config)
-        num_pages = self._num_pages(
-            KVPool.bytes_per_slot(num_layers, kv_heads, head_dim, self.dtype)
-        )
+        kv_dtype = config.kv_torch_dtype
+        num_pages = self._num_pages(KVPool.bytes_per_slot(num_layers, kv_heads, head_dim, kv_dtype))
         if tp is not None:  # the same pool size on every rank: the accounting is replicated
             num_pages = tp.min_int(num_pages)
         # slot numbers live on the host (the scheduler's table mirror, the radix tree)
         self.allocator = PageAllocator(num_pages, self.page_size, "cpu")
         self.pool = KVPool(
-            num_pages * self.page_size, num_layers, kv_heads, head_dim, self.dtype, self.device
+            num_pages * self.page_size, num_layers, kv_heads, head_dim, kv_dtype, self.device
         )
         self.req_to_token = ReqToTokenPool(config.max_running_requests, context_len, self.device)
         self.attn = create_attention_backend(

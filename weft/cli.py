@@ -31,6 +31,7 @@ _HELP = {
     "attention_backend": "auto (triton on CUDA, torch on CPU), triton, flashinfer or torch",
     "disable_cuda_graph": "run decode steps eagerly on CUDA instead of replaying CUDA graphs",
     "cuda_graph_max_bs": "largest decode batch captured in a CUDA graph",
+    "kv_cache_dtype": "auto (the model dtype) or fp8_e4m3: half the KV bytes, twice the tokens",
     "disable_shared_prefix_decode": "triton decode: read a prefix shared by running requests once "
     "per request instead of once per group",
     "disable_fused_kernels": "CUDA: torch ops instead of weft's Triton norm/rotary/SiLU kernels",

@@ -66,7 +66,7 @@ class TorchAttentionBackend(AttentionBackend):
         qp = q[self.q_index].transpose(1, 2)  # [B, H, max_q, D]
         kp = self.pool.k[layer][self.kv_index].transpose(1, 2)  # [B, Hkv, max_kv, D]
         vp = self.pool.v[layer][self.kv_index].transpose(1, 2)
-        if kp.dtype != qp.dtype:
+        if kp.dtype != qp.dtype:  # e.g. an fp8 pool, read back upcast
             kp, vp = kp.to(qp.dtype), vp.to(qp.dtype)
         out = F.scaled_dot_product_attention(
             qp,

@@ -136,3 +136,26 @@ def test_bf16_llama8b_dummy_engine(tmp_path: Path, backend: str, eager: bool) ->
             }
         )
     )
+
+
+def test_bf16_fp8_kv_cache_on_triton_doubles_the_pool_and_stays_close(
+    random_llama_d64: Path,
+) -> None:
+    """kv_cache_dtype fp8_e4m3 with the triton backend, eager prefill and decode in CUDA graphs:
+    twice the tokens of the bf16 pool, prompt logprobs close to it."""
+    prompt = " ".join(f"w{i * 7 % 4000}" for i in range(1, 200))
+    params = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
+    got = {}
+    for dtype in ("auto", "fp8_e4m3"):
+        kwargs = {"attention_backend": "triton", "kv_cache_dtype": dtype, "page_size": 16}
+        with weft.Engine(str(random_llama_d64), device="cuda", **kwargs) as eng:
+            out = eng.generate(prompt, params, return_logprob=True, logprob_start_len=0)
+            lps = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"][1:]]
+            got[dtype] = (eng.get_state()["max_total_tokens"], lps, out["output_ids"])
+    (full_tokens, full_lp, full_ids), (fp8_tokens, fp8_lp, fp8_ids) = got["auto"], got["fp8_e4m3"]
+    diffs = [abs(a - b) for a, b in zip(full_lp, fp8_lp, strict=True)]
+    print(json.dumps({"pool": [full_tokens, fp8_tokens], "mean_diff": sum(diffs) / len(diffs),
+                      "max_diff": max(diffs), "same_ids": fp8_ids == full_ids}))  # fmt: skip
+    assert fp8_tokens >= 1.9 * full_tokens
+    assert 0 < sum(diffs) / len(diffs) < 0.3
+    assert len(fp8_ids) == 32

@@ -114,6 +114,32 @@ def test_decode_attention_shared_prefix(dtype: torch.dtype) -> None:
     assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
 
 
+def test_decode_and_extend_attention_read_an_fp8_pool() -> None:
+    """kv_cache_dtype fp8_e4m3 at real shapes: bf16 queries over an e4m3 pool (read upcast)."""
+    fp8 = torch.float8_e4m3fn
+    lens = ragged(24, 1, 2048)
+    k_buffer, v_buffer, table, rows = bench.random_pool(lens, 16, 8, 128, torch.bfloat16)
+    k_buffer, v_buffer = k_buffer.to(fp8), v_buffer.to(fp8)
+    q = torch.randn(24, 32, 128, dtype=torch.bfloat16, device=DEV)
+    out = torch.full_like(q, float("nan"))
+    args = (k_buffer, v_buffer, table, rows, torch.tensor(lens, device=DEV))
+    wk.decode_attention(q, *args, out, 128**-0.5, 4)
+    assert_close(out, ref.decode_attention_ref(q, *args, 128**-0.5), TOL[torch.bfloat16])
+    prefix, ext = [700, 0, 1500, 33], [100, 300, 1, 64]
+    lens = [p + e for p, e in zip(prefix, ext, strict=True)]
+    k_buffer, v_buffer, table, rows = bench.random_pool(lens, 16, 8, 128, torch.bfloat16)
+    k_buffer, v_buffer = k_buffer.to(fp8), v_buffer.to(fp8)
+    tokens = sum(ext)
+    q = torch.randn(tokens, 32, 128, dtype=torch.bfloat16, device=DEV)
+    k, v = (torch.randn(tokens, 8, 128, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+    ext_t = torch.tensor(ext, device=DEV)
+    lens_args = (torch.tensor(prefix, device=DEV), ext_t, torch.cumsum(ext_t, 0) - ext_t)
+    out = torch.full_like(q, float("nan"))
+    ext_args = (q, k, v, k_buffer, v_buffer, table, rows, *lens_args)
+    wk.extend_attention(*ext_args, out, 128**-0.5, max(ext))
+    assert_close(out, ref.extend_attention_ref(*ext_args, 128**-0.5), TOL[torch.bfloat16])
+
+
 EXTEND_CASES = [
     # batch, heads, kv heads, head dim, page size, max prefix, max extend, dtype
     (8, 32, 8, 128, 16, 1500, 1024, torch.bfloat16),

@@ -302,6 +302,56 @@ def test_store_kv(hkv: int, dim: int, src: torch.dtype, dst: torch.dtype) -> Non
         assert torch.equal(got[loc], want[loc])
 
 
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.float16])
+@interpreted
+def test_attention_reads_an_fp8_pool(q_dtype: torch.dtype) -> None:
+    """kv_cache_dtype fp8_e4m3: decode and extend read the fp8 pool upcast to the queries' dtype
+    (the references upcast the same bytes); unowned slots stay NaN, so stray reads still show."""
+    lens = [5, 40, 17]
+    pool = make_pool(lens, lens, 16, 2, 64, FP8)
+    q = torch.randn(3, 8, 64).to(q_dtype)
+    out = torch.full((3, 8, 64), NAN, dtype=q_dtype)
+    args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, torch.tensor(lens))
+    wk.decode_attention(q, *args, out, 0.125, 2, block_n=16)
+    assert_close(out, ref.decode_attention_ref(q, *args, 0.125), TOL[q_dtype])
+    prefix, ext = [16, 0, 30], [3, 5, 1]
+    pool = make_pool([p + e for p, e in zip(prefix, ext, strict=True)], prefix, 16, 2, 64, FP8)
+    tokens = sum(ext)
+    q, k, v = (torch.randn(tokens, h, 64).to(q_dtype) for h in (8, 2, 2))
+    ext_t = torch.tensor(ext)
+    lens_args = (torch.tensor(prefix), ext_t, torch.cumsum(ext_t, 0) - ext_t)
+    out = torch.full((tokens, 8, 64), NAN, dtype=q_dtype)
+    ext_args = (q, k, v, pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows)
+    wk.extend_attention(*ext_args, *lens_args, out, 0.125, max(ext), block_m=16, block_n=16)
+    assert_close(out, ref.extend_attention_ref(*ext_args, *lens_args, 0.125), TOL[q_dtype])
+
+
+@interpreted
+def test_store_kv_into_an_fp8_pool_saturates() -> None:
+    """Values past e4m3's largest finite value (448) are stored as +-448, never NaN. (The inputs are
+    fp8-representable after clamping: the interpreter's fp32 -> fp8 rounding is not the GPU's.)"""
+    k = torch.randn(6, 2, 32).to(FP8).float()
+    v = torch.randn(6, 2, 32).to(FP8).float()
+    k[0, 0, :4] = torch.tensor([1000.0, -1000.0, 448.0, -3e4])
+    v[5, 1, :2] = torch.tensor([float("inf"), -512.0])
+    k_buffer, v_buffer = (
+        torch.full((20, 2, 32), NAN, dtype=FP8),
+        torch.full((20, 2, 32), NAN, dtype=FP8),
+    )
+    loc = torch.randperm(20)[:6]
+    k_want, v_want = k_buffer.clone(), v_buffer.clone()
+    ref.store_kv_ref(k, v, k_want, v_want, loc)
+    wk.store_kv(k, v, k_buffer, v_buffer, loc)
+    for got, want in ((k_buffer, k_want), (v_buffer, v_want)):
+        assert not got[loc].float().isnan().any()
+        assert torch.equal(got.float().isnan(), want.float().isnan())
+        assert torch.equal(got[loc].float(), want[loc].float())
+    assert k_buffer[loc[0], 0, :4].float().tolist() == [448.0, -448.0, 448.0, -448.0]
+
+
 NORM_CASES = [(64, torch.float32), (96, torch.float16), (1000, torch.bfloat16)]
 
 
