@@ -36,7 +36,14 @@ class TritonAttentionBackend(AttentionBackend):
         super().__init__(pool, req_to_token)
         self.device = req_to_token.device
         if self.device.type == "cuda":
-            self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            props = torch.cuda.get_device_properties(self.device)
+            self.num_sms = props.multi_processor_count
+            if pool.k[0].dtype == torch.float8_e4m3fn and (props.major, props.minor) < (8, 9):
+                raise ValueError(
+                    "kv_cache_dtype='fp8_e4m3' with attention_backend='triton' needs a GPU of "
+                    f"compute capability 8.9 or newer (this one: {props.major}.{props.minor}); "
+                    "use attention_backend='torch'"
+                )
         else:  # TRITON_INTERPRET=1 (tests): the split heuristics only need a number
             self.num_sms = 4
         self.kv_starts: torch.Tensor | None = None
