@@ -4,72 +4,19 @@ the same kernel without sharing."""
 
 from __future__ import annotations
 
-import functools
-import os
-import subprocess
-import sys
-import tempfile
-import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import test_kernels  # the interpreter set-up; importing it skips this module without triton
 import torch
-from test_kernels import INTERPRETING, NAN, ROOT, TOL, assert_close
+from test_kernels import INTERPRETING, NAN, TOL, assert_close
 
 POISON = 4  # slots [0, POISON) hold NaN: table entries no walk may read point there
 
 
-@functools.cache
-def _child_results() -> dict[str, tuple[str, str]]:
-    """Run this file under TRITON_INTERPRET=1 in a child pytest: test name -> (outcome, detail)."""
-    drop = ("PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env["TRITON_INTERPRET"] = "1"
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.xml"
-        cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"]
-        proc = subprocess.run(
-            [*cmd, f"--junit-xml={report}"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
-        if not report.exists():
-            raise RuntimeError(
-                f"child pytest wrote no report (exit {proc.returncode}):\n"
-                f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-            )
-        results = {}
-        for case in ET.parse(report).iter("testcase"):
-            outcome, detail = "passed", ""
-            for kind in ("failure", "error", "skipped"):
-                node = case.find(kind)
-                if node is not None:
-                    outcome, detail = kind, (node.text or node.get("message") or "").strip()
-            results[case.get("name", "")] = (outcome, detail)
-        return results
-
-
-def interpreted(test: Callable[..., None]) -> Callable[..., None]:
-    """Run the test here if this process interprets Triton, else report its outcome in the child
-    (see test_kernels._interpreting for why)."""
-    if INTERPRETING:
-        return test
-
-    @functools.wraps(test)
-    def from_child(*args: object, **kwargs: object) -> None:
-        name = os.environ["PYTEST_CURRENT_TEST"].split("::", 1)[1].rsplit(" ", 1)[0]
-        outcome, detail = _child_results().get(name, ("missing", "not reported by the child"))
-        if outcome == "skipped":
-            pytest.skip(detail)
-        if outcome != "passed":
-            pytest.fail(
-                f"{outcome} under TRITON_INTERPRET=1 (child process):\n{detail}", pytrace=False
-            )
-
-    return from_child
+interpreted = test_kernels.interpreted_in(__file__)
 
 
 if INTERPRETING:  # test_kernels loaded kernels/ (and patched an old interpreter) on import

@@ -85,15 +85,15 @@ def _load_kernels() -> ModuleType:
     return pkg
 
 
-@functools.cache
-def _child_results() -> dict[str, tuple[str, str]]:
-    """Run this file under TRITON_INTERPRET=1 in a child pytest: test name -> (outcome, detail)."""
-    drop = ("PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS")  # the child runs every test of this file
+def _child_results(path: str) -> dict[str, tuple[str, str]]:
+    """Run the test file `path` under TRITON_INTERPRET=1 in a child pytest: test name ->
+    (outcome, detail)."""
+    drop = ("PYTEST_CURRENT_TEST", "PYTEST_ADDOPTS")  # the child runs every test of the file
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env["TRITON_INTERPRET"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
-        cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"]
+        cmd = [sys.executable, "-m", "pytest", path, "-q", "-p", "no:cacheprovider"]
         proc = subprocess.run(
             [*cmd, f"--junit-xml={report}"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
@@ -114,29 +114,36 @@ def _child_results() -> dict[str, tuple[str, str]]:
         return results
 
 
-def interpreted(test: Callable[..., None]) -> Callable[..., None]:
-    """Run the test here if this process interprets Triton, else report its outcome in the child."""
-    if INTERPRETING:
-        return test
+def interpreted_in(path: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A decorator for the tests of file `path`: run the test here if this process interprets
+    Triton, else report its outcome from one child run of the whole file (see _interpreting)."""
+    results = functools.cache(functools.partial(_child_results, path))
 
-    @functools.wraps(test)
-    def from_child(*args: object, **kwargs: object) -> None:
-        assert os.environ.get("TRITON_INTERPRET") != "1", (
-            "triton was imported before TRITON_INTERPRET"
-        )
-        name = os.environ["PYTEST_CURRENT_TEST"].split("::", 1)[1].rsplit(" ", 1)[0]
-        outcome, detail = _child_results().get(name, ("missing", "not reported by the child"))
-        if outcome == "skipped":
-            pytest.skip(detail)
-        if outcome != "passed":
-            pytest.fail(
-                f"{outcome} under TRITON_INTERPRET=1 (child process):\n{detail}", pytrace=False
+    def interpreted(test: Callable[..., None]) -> Callable[..., None]:
+        if INTERPRETING:
+            return test
+
+        @functools.wraps(test)
+        def from_child(*args: object, **kwargs: object) -> None:
+            assert os.environ.get("TRITON_INTERPRET") != "1", (
+                "triton was imported before TRITON_INTERPRET"
             )
+            name = os.environ["PYTEST_CURRENT_TEST"].split("::", 1)[1].rsplit(" ", 1)[0]
+            outcome, detail = results().get(name, ("missing", "not reported by the child"))
+            if outcome == "skipped":
+                pytest.skip(detail)
+            if outcome != "passed":
+                pytest.fail(
+                    f"{outcome} under TRITON_INTERPRET=1 (child process):\n{detail}", pytrace=False
+                )
 
-    return from_child
+        return from_child
+
+    return interpreted
 
 
 INTERPRETING = _interpreting()
+interpreted = interpreted_in(__file__)
 if INTERPRETING:
     _patch_old_interpreter()
     wk: Any = _load_kernels()
