@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -337,3 +338,55 @@ def test_triton_backend_reads_planned_prefixes_eagerly_and_from_graph_buffers() 
         out = backend.forward(padded(q), padded(k), padded(v), 0, static, dim**-0.5)
         assert_close(out[:bsz], want, TOL[torch.float32])
         assert not out[bsz:].any(), "padded rows attend nothing"
+
+
+@interpreted
+def test_scheduler_on_the_triton_backend_reads_shared_prefixes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole path on CPU, kernels interpreted: scheduler -> radix tree -> plan -> triton
+    backend. Requests sharing a 260-token prompt prefix get the torch backend's greedy tokens
+    with the prefix read once per group and with it read per request; decode steps used plans."""
+    import transformers
+
+    import weft.runtime.attention as attention
+    from tests.conftest import save_word_tokenizer
+    from weft.runtime.config import EngineConfig
+    from weft.runtime.distributed import Inbox
+    from weft.runtime.messages import TokenizedGenerateReq
+    from weft.runtime.sampling_params import SamplingParams
+    from weft.runtime.scheduler import Scheduler
+
+    monkeypatch.setattr(attention, "_CUDA_ONLY", {"flashinfer"})  # triton runs interpreted here
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        architectures=["LlamaForCausalLM"],
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    save_word_tokenizer(tmp_path, 512)
+    shared = [(7 * i) % 500 + 3 for i in range(260)]
+    prompts = [shared + [10 + i, 20 + i, 30 + i] for i in range(3)] + [[5, 6, 7, 8]]
+    params = SamplingParams(temperature=0, max_new_tokens=5, ignore_eos=True)
+
+    def run(**kwargs: Any) -> tuple[list[list[int]], int]:
+        cfg = EngineConfig(model=str(tmp_path), cpu_threads=1, **kwargs)
+        sched = Scheduler(cfg, tmp_path, None)
+        done: dict[str, list[int]] = {}
+        sched.emit = lambda reqs: done.update(  # type: ignore[method-assign]
+            {r.rid: list(r.output_ids) for r in reqs if r.finished}
+        )
+        for i, ids in enumerate(prompts):
+            sched.add_request(TokenizedGenerateReq(f"r{i}", ids, params, 5))
+        while sched.has_work():
+            sched.apply(Inbox([], [], []))
+            sched.process_results(sched.launch(sched.schedule()))
+        sched.cache.check_conservation()
+        return [done[f"r{i}"] for i in range(len(prompts))], sched.runner.num_shared_prefix_steps
+
+    reference, _ = run(attention_backend="torch")
+    per_request, none = run(attention_backend="triton", disable_shared_prefix_decode=True)
+    once, planned = run(attention_backend="triton")
+    assert none == 0 and planned >= 4, planned
+    assert per_request == reference
+    assert once == reference
