@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._check import FP8_KV, FP8_MAX
     from .activation import silu_and_mul
     from .bitmask import apply_token_bitmask
     from .decode import decode_attention, decode_num_kv_splits
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from .shared_prefix import SharedPrefix
 
 _EXPORTS = {
+    "FP8_KV": "_check",
+    "FP8_MAX": "_check",
     "SharedPrefix": "shared_prefix",
     "apply_token_bitmask": "bitmask",
     "cos_sin_cache": "rotary",
@@ -37,6 +40,8 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "FP8_KV",
+    "FP8_MAX",
     "SharedPrefix",
     "apply_token_bitmask",
     "cos_sin_cache",

@@ -1,4 +1,4 @@
-"""Launch-wrapper guards: shape, dtype, device and unit-stride checks before a Triton launch."""
+"""Launch-wrapper guards (shape, dtype, device, unit-stride checks) and the KV dtypes kernels read."""
 
 from __future__ import annotations
 

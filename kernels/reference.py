@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ._check import FP8_KV, FP8_MAX
+
 
 def decode_attention_ref(
     q: torch.Tensor,  # [B, H, D]
@@ -69,8 +71,8 @@ def store_kv_ref(
 ) -> None:
     """In place: k_buffer[loc] = k, v_buffer[loc] = v (cast to the pool's dtype; an fp8 pool
     saturates at +-448)."""
-    if k_buffer.dtype == torch.float8_e4m3fn:
-        k, v = k.clamp(-448.0, 448.0), v.clamp(-448.0, 448.0)
+    if k_buffer.dtype == FP8_KV:
+        k, v = k.clamp(-FP8_MAX, FP8_MAX), v.clamp(-FP8_MAX, FP8_MAX)
     k_buffer[loc.long()] = k.to(k_buffer.dtype)
     v_buffer[loc.long()] = v.to(v_buffer.dtype)
 

@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 import torch
 
+from weft.kernels import FP8_KV
+
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -167,7 +169,7 @@ class EngineConfig:
     @property
     def kv_torch_dtype(self) -> torch.dtype:
         """The KV pool's element type."""
-        return torch.float8_e4m3fn if self.kv_cache_dtype == "fp8_e4m3" else self.torch_dtype
+        return FP8_KV if self.kv_cache_dtype == "fp8_e4m3" else self.torch_dtype
 
     @property
     def resolved_overlap(self) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from weft.kernels import FP8_KV, FP8_MAX  # kv_cache_dtype="fp8_e4m3"; stores saturate at FP8_MAX
+
 # NOTE: page 0 is never handed out. Its slots are the write target of padded tokens and the gather
 # target of padded keys, so kernels never need a bounds check.
 RESERVED_PAGES = 1
@@ -57,10 +59,6 @@ class PageAllocator:
         base = torch.tensor(pages, dtype=torch.int64) * self.page_size
         offs = torch.arange(self.page_size, dtype=torch.int64)
         return (base[:, None] + offs[None, :]).reshape(-1).to(self.device)
-
-
-FP8_KV = torch.float8_e4m3fn  # kv_cache_dtype="fp8_e4m3": half the bytes of a bf16 pool
-FP8_MAX = 448.0  # its largest finite value; stores saturate there
 
 
 class KVPool:

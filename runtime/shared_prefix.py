@@ -21,8 +21,8 @@ class SharedPrefixPlan:
 
     Request b with kv_starts[b] > 0 walks only its own KV [kv_starts[b], seq_len); the first
     kv_starts[b] positions come from the one block listing b, whose block_lens equals it and whose
-    block_rows is a table row holding the same slots there. Blocks are full groups of at most
-    MEMBERS_PER_BLOCK members (block_members padded with -1).
+    block_rows is a table row holding the same slots there. A group of more than
+    MEMBERS_PER_BLOCK members spans several blocks (block_members padded with -1).
     """
 
     kv_starts: list[int]  # per request of the batch
@@ -102,6 +102,12 @@ def plan_shared_prefixes(
     if not block_lens:
         return None
     return SharedPrefixPlan(kv_starts, block_members, block_rows, block_lens)
+
+
+def prefix_splits(prefix_len: int) -> int:
+    """Splits of a block's prefix of (at most) prefix_len tokens: PREFIX_SPLITS, at least 256
+    tokens each."""
+    return max(1, min(PREFIX_SPLITS, prefix_len // 256))
 
 
 def max_blocks(batch_size: int) -> int:

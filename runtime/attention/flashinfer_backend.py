@@ -34,11 +34,6 @@ class FlashInferAttentionBackend(AttentionBackend):
 
     def __init__(self, pool: KVPool, req_to_token: torch.Tensor, page_size: int) -> None:
         super().__init__(pool, req_to_token)
-        if pool.k[0].dtype == torch.float8_e4m3fn:
-            raise ValueError(
-                "attention backend 'flashinfer' is not wired for kv_cache_dtype='fp8_e4m3' in "
-                "weft yet: use attention_backend='triton' (or 'torch')"
-            )
         if pool.head_dim not in HEAD_DIMS:
             raise ValueError(
                 f"attention backend 'flashinfer' takes head_dim {', '.join(map(str, HEAD_DIMS))}; "

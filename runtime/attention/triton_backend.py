@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from weft.kernels import SharedPrefix, decode_attention, extend_attention, store_kv
+from weft.kernels import FP8_KV, SharedPrefix, decode_attention, extend_attention, store_kv
 from weft.kernels.decode import decode_num_kv_splits
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch
 from weft.runtime.memory import KVPool
 from weft.runtime.shared_prefix import (
     MEMBERS_PER_BLOCK,
-    PREFIX_SPLITS,
     SharedPrefixPlan,
     max_blocks,
+    prefix_splits,
 )
 from weft.runtime.transfer import to_device
 
@@ -38,7 +38,7 @@ class TritonAttentionBackend(AttentionBackend):
         if self.device.type == "cuda":
             props = torch.cuda.get_device_properties(self.device)
             self.num_sms = props.multi_processor_count
-            if pool.k[0].dtype == torch.float8_e4m3fn and (props.major, props.minor) < (8, 9):
+            if pool.k[0].dtype == FP8_KV and (props.major, props.minor) < (8, 9):
                 raise ValueError(
                     "kv_cache_dtype='fp8_e4m3' with attention_backend='triton' needs a GPU of "
                     f"compute capability 8.9 or newer (this one: {props.major}.{props.minor}); "
@@ -48,7 +48,7 @@ class TritonAttentionBackend(AttentionBackend):
             self.num_sms = 4
         self.kv_starts: torch.Tensor | None = None
         self.shared: SharedPrefix | None = None
-        # CUDA graphs: kv_starts [N], block members [N // 2, M], block rows, block lens
+        # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
         self._static: tuple[torch.Tensor, ...] | None = None
 
     def prepare_graph(self, batch: ForwardBatch) -> None:
@@ -61,20 +61,14 @@ class TritonAttentionBackend(AttentionBackend):
         self.kv_starts, self.shared = None, None
         if not self.shared_prefix:
             return
-        if self._static is None:  # graphs are captured largest first: this one is
-            n, nb = bs, max_blocks(bs)
-            self._static = (
-                self._zeros(n),
-                self._zeros(nb, MEMBERS_PER_BLOCK),
-                self._zeros(nb),
-                self._zeros(nb),
-            )
-        starts, members, rows, lens = self._static
         nb = max_blocks(bs)
+        if self._static is None:  # graphs are captured largest first: this one is
+            zeros = self._zeros
+            self._static = (zeros(bs), zeros(nb, MEMBERS_PER_BLOCK), zeros(nb), zeros(nb))
+        starts, members, rows, lens = self._static
         assert starts.numel() >= bs, "capture the largest size first"
         self.kv_starts = starts[:bs]
-        splits = max(1, min(PREFIX_SPLITS, context // 256))
-        self.shared = SharedPrefix(members[:nb], rows[:nb], lens[:nb], splits)
+        self.shared = SharedPrefix(members[:nb], rows[:nb], lens[:nb], prefix_splits(context))
 
     def prepare_replay(self, batch: ForwardBatch, padded_size: int) -> None:
         if self._static is None:
@@ -86,23 +80,13 @@ class TritonAttentionBackend(AttentionBackend):
             starts[:padded_size].zero_()
             lens[:nb].zero_()
             return
-        b, used = batch.batch_size, plan.num_blocks
-        assert used <= nb, (used, nb)
-        flat = to_device(
-            plan.kv_starts
-            + [0] * (padded_size - b)
-            + [m for block in plan.block_members for m in block]
-            + plan.block_rows
-            + plan.block_lens
-            + [0] * (nb - used),
-            torch.int32,
-            self.device,
-        )
-        cut = padded_size + used * MEMBERS_PER_BLOCK
-        starts[:padded_size].copy_(flat[:padded_size])
-        members[:used].copy_(flat[padded_size:cut].view(used, MEMBERS_PER_BLOCK))
-        rows[:used].copy_(flat[cut : cut + used])
-        lens[:nb].copy_(flat[cut + used :])
+        assert plan.num_blocks <= nb, (plan.num_blocks, nb)
+        used = plan.num_blocks
+        new_starts, new_members, new_rows, new_lens = self._upload(plan, padded_size, nb)
+        starts[:padded_size].copy_(new_starts)
+        members[:used].copy_(new_members)
+        rows[:used].copy_(new_rows)
+        lens[:nb].copy_(new_lens)
 
     def prepare(self, batch: ForwardBatch) -> None:
         self.decode = all(n == 1 for n in batch.extend_lens_cpu)
@@ -170,20 +154,28 @@ class TritonAttentionBackend(AttentionBackend):
     ##### Internal Helper Functions #####
 
     def _eager_plan(self, plan: SharedPrefixPlan) -> tuple[torch.Tensor, SharedPrefix]:
+        starts, members, rows, lens = self._upload(plan, len(plan.kv_starts), plan.num_blocks)
+        return starts, SharedPrefix(members, rows, lens, prefix_splits(max(plan.block_lens)))
+
+    def _upload(
+        self, plan: SharedPrefixPlan, n: int, nb: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The plan on the device in one pinned copy: kv_starts [n] (zeros past the batch), block
+        members [used, M], block rows [used], block lens [nb] (zeros past the used blocks)."""
         b, used = len(plan.kv_starts), plan.num_blocks
-        members = [m for block in plan.block_members for m in block]
         flat = to_device(
-            plan.kv_starts + members + plan.block_rows + plan.block_lens, torch.int32, self.device
+            plan.kv_starts
+            + [0] * (n - b)
+            + [m for block in plan.block_members for m in block]
+            + plan.block_rows
+            + plan.block_lens
+            + [0] * (nb - used),
+            torch.int32,
+            self.device,
         )
-        cut = b + len(members)
-        splits = max(1, min(PREFIX_SPLITS, max(plan.block_lens) // 256))
-        shared = SharedPrefix(
-            flat[b:cut].view(used, MEMBERS_PER_BLOCK),
-            flat[cut : cut + used],
-            flat[cut + used :],
-            splits,
-        )
-        return flat[:b], shared
+        cut = n + used * MEMBERS_PER_BLOCK
+        members = flat[n:cut].view(used, MEMBERS_PER_BLOCK)
+        return flat[:n], members, flat[cut : cut + used], flat[cut + used :]
 
     def _zeros(self, *shape: int) -> torch.Tensor:
         return torch.zeros(*shape, dtype=torch.int32, device=self.device)
