@@ -67,6 +67,7 @@ def engine_config(args: argparse.Namespace, folder: Path, **more: Any) -> Engine
         attention_backend=args.backend,
         disable_cuda_graph=args.eager,
         disable_fused_kernels=args.unfused,
+        kv_cache_dtype=args.kv_cache_dtype,
         **more,
     )
 
@@ -74,7 +75,7 @@ def engine_config(args: argparse.Namespace, folder: Path, **more: Any) -> Engine
 def profile_runner(args: argparse.Namespace) -> None:
     folder = Path(args.config)
     hf = read_hf_config(folder)
-    ctx = args.context + 16
+    ctx = args.context + 64  # make_reqs rounds each row up to whole pages
     max_batch = max(args.batches)
     config = engine_config(
         args,
@@ -198,6 +199,7 @@ def main() -> None:
     ap.add_argument("--max-running", type=int, default=256)
     ap.add_argument("--overlap", default="auto", choices=["auto", "on", "off"])
     ap.add_argument("--page-size", type=int, default=None, help="default: the device's")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8_e4m3")
     ap.add_argument("--cprofile", action="store_true", help="cProfile the scheduler's host work")
     args = ap.parse_args()
     if args.what == "runner":

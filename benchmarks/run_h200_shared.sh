@@ -42,5 +42,21 @@ case "${1:-}" in
       --engine-arg cuda_graph_max_bs=512 --output-file "$OUT/offline_fp8.json" 2>&1 \
       | tee "$OUT/offline_fp8.log" | grep "^|\|copy band"
     ;;
-  *) echo "usage: $0 checks|suite|fp8" >&2; exit 2 ;;
+  fp8prof)  # where an fp8 step's time goes: model time per step bf16 vs fp8, host work at 768
+    timeout 100 $PYTEST tests/gpu/test_engine_cuda.py -k "fp8" 2>&1 \
+      | grep "pool\|passed\|failed\|Error" | tee "$OUT/fp8_test.log"
+    cd benchmarks
+    for kv in auto fp8_e4m3; do
+      b="256 384"; [ $kv = fp8_e4m3 ] && b="256 384 768"
+      timeout 120 python3 profile_step.py runner --kv-cache-dtype $kv --batches $b --context 1500 \
+        --rows 8 2>&1 | tee "$OUT/runner_$kv.log" | grep "==\|decode_kernel\|Self CUDA"
+    done
+    timeout 150 python3 profile_step.py scheduler --kv-cache-dtype fp8_e4m3 --num-prompts 768 \
+      --max-running 768 --input-len 1000 --output-len 64 2>&1 | tee "$OUT/sched_fp8.log" | tail -8
+    timeout "${OFF_S:-200}" python3 offline.py --mode offline --num-prompts 1000 --no-hf \
+      --engine-arg kv_cache_dtype=fp8_e4m3 --engine-arg max_running_requests=768 \
+      --engine-arg cuda_graph_max_bs=768 --output-file "$OUT/offline_fp8.json" 2>&1 \
+      | tee "$OUT/offline_fp8.log" | grep "^|.*offline\|copy band"
+    ;;
+  *) echo "usage: $0 checks|suite|fp8|fp8prof" >&2; exit 2 ;;
 esac

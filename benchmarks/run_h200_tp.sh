@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpus.txt"
 timeout 170 python3 -m pytest -x -q -rs tests/gpu/test_tensor_parallel_cuda.py 2>&1 \
   | tail -30 | tee "$OUT/tp_tests.log"
 echo "== tp benchmark ($(left) s left)"
-timeout 230 python3 benchmarks/tp.py --config benchmarks/configs/llama-3-70b --tp 2 --num 32 \
+timeout 300 python3 benchmarks/tp.py --config benchmarks/configs/llama-3-70b --tp 2 --num 32 128 \
   --input-len 1000 --output-len 1000 --latency-config benchmarks/configs/llama-3.1-8b \
   --latency-tp 1 2 > "$OUT/tp_bench.log" 2>&1
 tail -45 "$OUT/tp_bench.log"
@@ -24,7 +24,7 @@ if ! grep -q "output throughput" "$OUT/tp_bench.log"; then
 fi
 REM=$(left)
 echo "== offline ($REM s left)"
-if [ "$REM" -gt 90 ]; then
+if [ "$REM" -gt 90 ] && [ -z "${NO_OFFLINE:-}" ]; then
   CUDA_VISIBLE_DEVICES=0 timeout $((REM - 5)) python3 benchmarks/offline.py --mode offline \
     --num-prompts 256 --hf-num-prompts 64 --hf-compile off --budget-s $((REM - 60)) \
     --grace-s 20 --output-file "$OUT/offline.json" > "$OUT/offline.log" 2>&1

@@ -104,39 +104,45 @@ def start_engine(folder: Path, tp: int, args: argparse.Namespace, batch: int) ->
 
 def throughput_part(
     args: argparse.Namespace, bandwidth: float | None, work: Path
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[str, list[dict[str, Any]]]:
+    """One engine (sized for the largest concurrency); each concurrency of --num in turn, with
+    prompts of its own seed so no run hits another's cached prefixes."""
     folder, note = model_folder(args.config, work)
     cfg = json.loads((folder / "config.json").read_text())
-    prompts = random_prompts(args.num, args.input_len, cfg["vocab_size"])
     t_start = time.perf_counter()
-    engine = start_engine(folder, args.tp, args, args.num)
+    engine = start_engine(folder, args.tp, args, max(args.num))
     start_s = time.perf_counter() - t_start
+    results = []
     try:
-        engine.generate(input_ids=prompts[0][:16], sampling_params={"max_new_tokens": 4})
-        res = asyncio.run(concurrent_run(engine, prompts, args.output_len))
+        engine.generate(input_ids=[11] * 16, sampling_params={"max_new_tokens": 4})
+        for i, num in enumerate(args.num):
+            prompts = random_prompts(num, args.input_len, cfg["vocab_size"], seed=100 + i)
+            results.append(asyncio.run(concurrent_run(engine, prompts, args.output_len)))
     finally:
         engine.shutdown()
     mean_ctx = args.input_len + args.output_len / 2
-    step_bytes = weight_bytes(cfg) / args.tp + args.num * mean_ctx * kv_bytes_per_token(
-        cfg, args.tp
-    )
-    roofline_ms = 1e3 * step_bytes / bandwidth if bandwidth else None
-    rows = [
-        ["TTFT median / p99 (s)", f"{res['ttft_median_s']:.2f} / {res['ttft_p99_s']:.2f}"],
-        ["TPOT median / p99 (ms)", f"{res['tpot_median_ms']:.2f} / {res['tpot_p99_ms']:.2f}"],
-        ["output throughput (tok/s)", f"{res['throughput_tok_s']:,.0f}"],
-        ["decode-step roofline per GPU (ms, no all-reduce)", _opt(roofline_ms)],
-        [
-            "TPOT / roofline",
-            _opt(res["tpot_median_ms"] / roofline_ms if roofline_ms else None, "x"),
-        ],
-        ["engine start incl. dummy init + graph capture (s)", f"{start_s:.1f}"],
-    ]
+    rows = []
+    for num, res in zip(args.num, results, strict=True):
+        step_bytes = weight_bytes(cfg) / args.tp + num * mean_ctx * kv_bytes_per_token(cfg, args.tp)
+        roofline_ms = 1e3 * step_bytes / bandwidth if bandwidth else None
+        ratio = res["tpot_median_ms"] / roofline_ms if roofline_ms else None
+        rows.append([
+            num,
+            f"{res['ttft_median_s']:.2f} / {res['ttft_p99_s']:.2f}",
+            f"{res['tpot_median_ms']:.2f} / {res['tpot_p99_ms']:.2f}",
+            f"{res['throughput_tok_s']:,.0f}",
+            _opt(roofline_ms),
+            _opt(ratio, "x"),
+        ])  # fmt: skip
     title = (
-        f"{Path(args.config).name}, TP={args.tp}: {args.num} concurrent requests, "
-        f"{args.input_len} in / {args.output_len} out ({note})"
+        f"{Path(args.config).name}, TP={args.tp}: {', '.join(map(str, args.num))} concurrent "
+        f"requests, {args.input_len} in / {args.output_len} out ({note}; engine start incl. "
+        f"dummy init + graph capture {start_s:.1f} s)"
     )
-    return f"**{title}**\n\n" + markdown_table(["metric", "value"], rows), res
+    head = ["concurrent", "TTFT median / p99 (s)", "TPOT median / p99 (ms)",
+            "output throughput (tok/s)", "decode-step roofline per GPU (ms, no all-reduce)",
+            "TPOT / roofline"]  # fmt: skip
+    return f"**{title}**\n\n" + markdown_table(head, rows), results
 
 
 def latency_part(args: argparse.Namespace, work: Path) -> str:
@@ -167,7 +173,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="benchmarks/configs/llama-3-70b")
     p.add_argument("--tp", type=int, default=2)
-    p.add_argument("--num", type=int, default=32)
+    p.add_argument("--num", type=int, nargs="+", default=[32], help="concurrencies, one engine")
     p.add_argument("--input-len", type=int, default=1000)
     p.add_argument("--output-len", type=int, default=1000)
     p.add_argument("--context-length", type=int, default=4096)

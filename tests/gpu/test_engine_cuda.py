@@ -142,20 +142,31 @@ def test_bf16_fp8_kv_cache_on_triton_doubles_the_pool_and_stays_close(
     random_llama_d64: Path,
 ) -> None:
     """kv_cache_dtype fp8_e4m3 with the triton backend, eager prefill and decode in CUDA graphs:
-    twice the tokens of the bf16 pool, prompt logprobs close to it."""
-    prompt = " ".join(f"w{i * 7 % 4000}" for i in range(1, 200))
+    twice the tokens of the bf16 pool, and log-probs that read a cached (fp8) prefix close to the
+    bf16 pool's. A prompt's own prefill attends to its fresh bf16 K/V, so the second request, which
+    extends the first one's cached prompt, is what reads the pool."""
+    prefix = [(i * 7919) % 4000 + 10 for i in range(1, 200)]
+    suffix = [(i * 104729) % 4000 + 10 for i in range(1, 41)]
     params = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
     got = {}
     for dtype in ("auto", "fp8_e4m3"):
         kwargs = {"attention_backend": "triton", "kv_cache_dtype": dtype, "page_size": 16}
         with weft.Engine(str(random_llama_d64), device="cuda", **kwargs) as eng:
-            out = eng.generate(prompt, params, return_logprob=True, logprob_start_len=0)
-            lps = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"][1:]]
-            got[dtype] = (eng.get_state()["max_total_tokens"], lps, out["output_ids"])
+            first = eng.generate(input_ids=prefix, sampling_params=params)
+            out = eng.generate(
+                input_ids=prefix + suffix,
+                sampling_params=params,
+                return_logprob=True,
+                logprob_start_len=len(prefix),
+            )
+            assert out["meta_info"]["cached_tokens"] >= len(prefix) - 16
+            lps = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"]]
+            ids = first["output_ids"] + out["output_ids"]
+            got[dtype] = (eng.get_state()["max_total_tokens"], lps, ids)
     (full_tokens, full_lp, full_ids), (fp8_tokens, fp8_lp, fp8_ids) = got["auto"], got["fp8_e4m3"]
     diffs = [abs(a - b) for a, b in zip(full_lp, fp8_lp, strict=True)]
     print(json.dumps({"pool": [full_tokens, fp8_tokens], "mean_diff": sum(diffs) / len(diffs),
                       "max_diff": max(diffs), "same_ids": fp8_ids == full_ids}))  # fmt: skip
     assert fp8_tokens >= 1.9 * full_tokens
-    assert 0 < sum(diffs) / len(diffs) < 0.3
-    assert len(fp8_ids) == 32
+    assert len(diffs) == len(suffix) and 0 < sum(diffs) / len(diffs) < 0.3
+    assert len(fp8_ids) == 64

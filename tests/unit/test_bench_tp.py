@@ -42,12 +42,13 @@ def test_tiny_tp2_run_reports_every_figure(tmp_path: Path) -> None:
     (folder / "config.json").write_text(json.dumps(TINY))
     report = bench_tp.main(
         [
-            *("--config", str(folder), "--tp", "2", "--num", "3"),
+            *("--config", str(folder), "--tp", "2", "--num", "3", "2"),
             *("--input-len", "10", "--output-len", "5", "--context-length", "64"),
             *("--latency-config", str(folder), "--latency-tp", "1"),
             *("--latency-input-len", "6", "--latency-output-len", "4"),
         ]
     )
-    assert "TP=2: 3 concurrent requests" in report
+    assert "TP=2: 3, 2 concurrent requests" in report
     assert "output throughput (tok/s)" in report
+    assert "\n| 3 | " in report and "\n| 2 | " in report  # one row per concurrency
     assert "| 1 |" in report  # the latency row of tp 1
