@@ -35,7 +35,7 @@ class SharedPrefixGate:
         self.keys: dict[int, set[tuple[int, ...]]] = {}  # cached length -> next tokens computed
 
     def admitted(self, req: Req) -> None:
-        start = req.prefix_len
+        start = req.kv_len  # the first token this batch computes for it (a chunk may go on)
         if len(req.input_ids) - start >= IN_BATCH_PREFIX_TOKENS:
             window = tuple(req.input_ids[start : start + IN_BATCH_PREFIX_TOKENS])
             self.keys.setdefault(start, set()).add(window)

@@ -216,13 +216,15 @@ class Scheduler(RequestIntake):
             new_token_ratio=self.new_token_ratio,
             idle=not self.running,
         )
+        gate = None if self.config.disable_radix_cache else SharedPrefixGate()
         if self.chunked is not None:
             chunked, self.chunked = self.chunked, None
             if not adder.add(chunked):  # no room to go on: give its KV to the tree, retry later
                 self.cache.cache_req(chunked, release=True)
                 self.waiting.insert(0, chunked)
+            elif gate is not None:  # what its next chunk computes, followers wait for
+                gate.admitted(chunked)
         if adder.chunked is None:
-            gate = None if self.config.disable_radix_cache else SharedPrefixGate()
             for req in order_waiting(self.waiting, self.config.schedule_policy, self.cache):
                 if gate is not None and gate.should_wait(req):
                     continue
