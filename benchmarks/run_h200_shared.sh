@@ -8,6 +8,8 @@
 #                                              # prefix sharing: cache off / on / on, read per request
 #   bash benchmarks/run_h200_shared.sh fp8     # the fp8 KV test; offline 1000 x 1000/1000 with an
 #                                              # fp8 KV pool and up to 768 running
+#   bash benchmarks/run_h200_shared.sh fp8prof # fp8 test; step profiles bf16 vs fp8; offline fp8 at 768
+#   bash benchmarks/run_h200_shared.sh prefix1024  # batch-384 step profile; prefix sharing at 1024
 # Logs under $OUT (or ./h200-logs).
 set -u
 OUT=${OUT:-h200-logs}; mkdir -p "$OUT"
@@ -58,5 +60,14 @@ case "${1:-}" in
       --engine-arg cuda_graph_max_bs=768 --output-file "$OUT/offline_fp8.json" 2>&1 \
       | tee "$OUT/offline_fp8.log" | grep "^|.*offline\|copy band"
     ;;
-  *) echo "usage: $0 checks|suite|fp8|fp8prof" >&2; exit 2 ;;
+  prefix1024)  # decode-step kernels at batch 384; prefix sharing with every group running at once
+    cd benchmarks
+    timeout 100 python3 profile_step.py runner --batches 384 --context 1504 --rows 12 \
+      > "$OUT/runner384.log" 2>&1; grep "==" "$OUT/runner384.log"
+    big="--engine-arg max_running_requests=1024 --engine-arg cuda_graph_max_bs=1024"
+    timeout "${PRE_S:-420}" python3 offline.py --mode prefix --groups 64 --group-size 16 $big \
+      --output-file "$OUT/prefix1024.json" > "$OUT/prefix1024.log" 2>&1
+    grep "^|\|copy band" "$OUT/prefix1024.log"
+    ;;
+  *) echo "usage: $0 checks|suite|fp8|fp8prof|prefix1024" >&2; exit 2 ;;
 esac
