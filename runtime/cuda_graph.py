@@ -50,7 +50,7 @@ class GraphRunner:
         self.extend_lens = torch.ones(n, dtype=torch.int64, device=device)
         self.hidden = torch.zeros(n, hidden_size, dtype=dtype, device=device)
         self.pad_row = pad_row
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # (size, shared variant)
         self.pool: Any = None
 
     def static_batch(self, bs: int) -> ForwardBatch:
@@ -72,16 +72,17 @@ class GraphRunner:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for bs in reversed(self.sizes):  # largest first: later graphs reuse its memory
-                fb = self.static_batch(bs)
-                self.attn.prepare_graph(fb)
-                for _ in range(2):  # compile kernels, settle allocations
-                    self.hidden[:bs] = self.model(fb, self.attn)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    self.hidden[:bs] = self.model(fb, self.attn)
-                if self.pool is None:
-                    self.pool = graph.pool()
-                self.graphs[bs] = graph
+                for shared in reversed(self.attn.graph_variants()):
+                    fb = self.static_batch(bs)
+                    self.attn.prepare_graph(fb, shared)
+                    for _ in range(2):  # compile kernels, settle allocations
+                        self.hidden[:bs] = self.model(fb, self.attn)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                        self.hidden[:bs] = self.model(fb, self.attn)
+                    if self.pool is None:
+                        self.pool = graph.pool()
+                    self.graphs[bs, shared] = graph
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
@@ -104,6 +105,7 @@ class GraphRunner:
             self.out_cache_loc[b:bs].zero_()
             self.req_rows[b:bs].fill_(self.pad_row)
             self.seq_lens[b:bs].zero_()
-        self.attn.prepare_replay(fb, bs)
-        self.graphs[bs].replay()
+        shared = fb.shared is not None and self.attn.shared_prefix
+        self.attn.prepare_replay(fb, bs, shared)
+        self.graphs[bs, shared].replay()
         return self.hidden[:b]

@@ -44,12 +44,21 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:  # [T, H, D]
         """Store k/v for the new tokens and return attention output for q."""
 
-    def prepare_graph(self, batch: ForwardBatch) -> None:
-        """Metadata for capturing a decode step of `batch.batch_size` requests in a CUDA graph:
-        it may depend only on the batch size (the inputs are static buffers filled at replay)."""
+    def graph_variants(self) -> tuple[bool, ...]:
+        """Per captured batch size, a graph without (False) and, where the backend reads shared
+        prefixes once per group, one with (True): a step whose plan has no group replays the
+        graph that launches no shared-prefix kernel."""
+        return (False, True) if self.shared_prefix else (False,)
+
+    def prepare_graph(self, batch: ForwardBatch, shared: bool = False) -> None:
+        """Metadata for capturing a decode step of `batch.batch_size` requests in a CUDA graph
+        (`shared`: the variant that reads shared prefixes from static plan buffers): it may
+        depend only on the batch size (the inputs are static buffers filled at replay)."""
         raise TypeError(f"{type(self).__name__} cannot run inside CUDA graphs")
 
-    def prepare_replay(self, batch: ForwardBatch, padded_size: int) -> None:  # noqa: B027
-        """Before replaying the graph of `padded_size` for the real decode `batch` (its tensors
-        already copied into the graph's static buffers): update what the kernels read that is
-        not a static buffer. Nothing, unless the backend plans per step."""
+    def prepare_replay(  # noqa: B027
+        self, batch: ForwardBatch, padded_size: int, shared: bool = False
+    ) -> None:
+        """Before replaying the graph of `padded_size` (the `shared` variant or not) for the real
+        decode `batch` (its tensors already copied into the graph's static buffers): update what
+        the kernels read that is not a static buffer. Nothing, unless the backend plans per step."""

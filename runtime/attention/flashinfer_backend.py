@@ -69,7 +69,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._batch = batch
         self._planned = None
 
-    def prepare_graph(self, batch: ForwardBatch) -> None:
+    def prepare_graph(self, batch: ForwardBatch, shared: bool = False) -> None:
         bs = batch.batch_size
         self._decode = self._graph_wrapper(bs)
         ones = [1] * bs  # every row: one token of the reserved page 0
@@ -77,7 +77,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._batch = batch
         self._planned = None  # planned by the first warm-up run, before the capture
 
-    def prepare_replay(self, batch: ForwardBatch, padded_size: int) -> None:
+    def prepare_replay(self, batch: ForwardBatch, padded_size: int, shared: bool = False) -> None:
         assert self._planned is not None, "replay before any capture"
         self._decode = self._graph_wrapper(padded_size)
         self._lists = self._page_lists(batch.req_rows, batch.seq_lens_cpu, padded_size)

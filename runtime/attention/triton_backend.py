@@ -51,7 +51,7 @@ class TritonAttentionBackend(AttentionBackend):
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
         self._static: tuple[torch.Tensor, ...] | None = None
 
-    def prepare_graph(self, batch: ForwardBatch) -> None:
+    def prepare_graph(self, batch: ForwardBatch, shared: bool = False) -> None:
         # the longest possible context fixes the split count, so one graph serves every length
         # (splits past a request's length are skipped by the kernel)
         self.decode = True
@@ -59,8 +59,9 @@ class TritonAttentionBackend(AttentionBackend):
         bs = batch.batch_size
         self.num_kv_splits = decode_num_kv_splits(bs, self.pool.num_kv_heads, context, self.num_sms)
         self.kv_starts, self.shared = None, None
-        if not self.shared_prefix:
+        if not shared:
             return
+        assert self.shared_prefix, "a shared-prefix graph needs shared_prefix on"
         nb = max_blocks(bs)
         if self._static is None:  # graphs are captured largest first: this one is
             zeros = self._zeros
@@ -70,16 +71,13 @@ class TritonAttentionBackend(AttentionBackend):
         self.kv_starts = starts[:bs]
         self.shared = SharedPrefix(members[:nb], rows[:nb], lens[:nb], prefix_splits(context))
 
-    def prepare_replay(self, batch: ForwardBatch, padded_size: int) -> None:
-        if self._static is None:
+    def prepare_replay(self, batch: ForwardBatch, padded_size: int, shared: bool = False) -> None:
+        if not shared:  # the graph without the shared-prefix kernel reads no plan buffer
             return
+        assert self._static is not None and batch.shared is not None, "no shared-prefix graph"
         starts, members, rows, lens = self._static
         nb = max_blocks(padded_size)
         plan = batch.shared
-        if plan is None:
-            starts[:padded_size].zero_()
-            lens[:nb].zero_()
-            return
         assert plan.num_blocks <= nb, (plan.num_blocks, nb)
         used = plan.num_blocks
         new_starts, new_members, new_rows, new_lens = self._upload(plan, padded_size, nb)

@@ -273,7 +273,8 @@ def test_invalid_arguments() -> None:
 def test_triton_backend_reads_planned_prefixes_eagerly_and_from_graph_buffers() -> None:
     """The runtime wiring: TritonAttentionBackend given a SharedPrefixPlan, eagerly and through
     the static buffers a CUDA graph reads (prepare_graph, then prepare_replay per step, here
-    without a graph), equals the torch backend; a later step without a plan too."""
+    without a graph), equals the torch backend; a step without a plan, prepared as the plain
+    graph variant, too."""
     from weft.runtime.attention.torch_backend import TorchAttentionBackend
     from weft.runtime.attention.triton_backend import TritonAttentionBackend
     from weft.runtime.batch import ForwardBatch, ForwardMode
@@ -329,15 +330,22 @@ def test_triton_backend_reads_planned_prefixes_eagerly_and_from_graph_buffers() 
     backend.prepare(batch(bsz, plan))
     assert backend.shared is not None and backend.kv_starts is not None
     assert_close(backend.forward(q, k, v, 0, batch(bsz, plan), dim**-0.5), want, TOL[torch.float32])
+    assert backend.graph_variants() == (False, True)
     static = batch(pad, None)  # what a graph of size `pad` would have captured
-    backend.prepare_graph(static)
-    for step_plan in (plan, None):
-        backend.prepare_replay(batch(bsz, step_plan), pad)
-        assert backend.kv_starts is not None
-        assert backend.kv_starts[:bsz].tolist() == (plan.kv_starts if step_plan else [0] * bsz)
+    for step_plan in (plan, None, plan):  # a step without groups replays the plain graph
+        shared = step_plan is not None
+        backend.prepare_graph(static, shared)
+        backend.prepare_replay(batch(bsz, step_plan), pad, shared)
+        if shared:
+            assert backend.kv_starts is not None and backend.shared is not None
+            assert backend.kv_starts[:bsz].tolist() == plan.kv_starts
+        else:
+            assert backend.kv_starts is None and backend.shared is None
         out = backend.forward(padded(q), padded(k), padded(v), 0, static, dim**-0.5)
         assert_close(out[:bsz], want, TOL[torch.float32])
         assert not out[bsz:].any(), "padded rows attend nothing"
+    backend.shared_prefix = False
+    assert backend.graph_variants() == (False,)
 
 
 @interpreted
