@@ -69,5 +69,14 @@ case "${1:-}" in
       --output-file "$OUT/prefix1024.json" > "$OUT/prefix1024.log" 2>&1
     grep "^|\|copy band" "$OUT/prefix1024.log"
     ;;
-  *) echo "usage: $0 checks|suite|fp8|fp8prof|prefix1024" >&2; exit 2 ;;
+  variants)  # graph variants (plain / shared prefix): the GPU tests, then prefix sharing at 1024
+    timeout 150 $PYTEST tests/gpu/test_shared_prefix_cuda.py tests/gpu/test_cuda_graph.py 2>&1 \
+      | grep "shared_prefix_steps\|passed\|failed\|Error" | tee "$OUT/graph_tests.log"
+    cd benchmarks
+    big="--engine-arg max_running_requests=1024 --engine-arg cuda_graph_max_bs=1024"
+    timeout "${PRE_S:-330}" python3 offline.py --mode prefix --groups 64 --group-size 16 $big \
+      --output-file "$OUT/prefix1024.json" > "$OUT/prefix1024.log" 2>&1
+    grep "^|\|copy band" "$OUT/prefix1024.log"
+    ;;
+  *) echo "usage: $0 checks|suite|fp8|fp8prof|prefix1024|variants" >&2; exit 2 ;;
 esac
