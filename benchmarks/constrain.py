@@ -22,7 +22,9 @@ on a background thread in that gap (its fill then mostly copies a finished mask)
 hits the library's cached mask: weft's per-call cost plus a cache hit), by tokens allowed.
 --e2e: weft.Engine on the packaged model, 8 corpus schemas as chat prompts (x3); decode time per
 output token (TPOT, after each request's first chunk) constrained (jump-forward on, then off)
-vs unconstrained with the same prompts and the same output lengths (ignore_eos), wave by wave.
+vs unconstrained with the same prompts and the same output lengths (ignore_eos), wave by wave;
+and the engine's own mask-fill figures (`get_state()["mask_fill"]`: µs per constrained request
+and step that the scheduler thread spent in fill_bitmask, with prefetch where the backend has it).
 """
 
 from __future__ import annotations
@@ -298,6 +300,9 @@ def e2e(concurrency: list[int], max_new: int, repeats: int) -> None:
                     assert again == lens, (again, lens)
                 for name, run in runs.items():
                     run.print(c, name)
+            fills = engine.get_state()["mask_fill"]
+            print(f"mask fill per constrained request and step, scheduler thread ({label}): "
+                  f"{fills}", flush=True)  # fmt: skip
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -137,6 +137,7 @@ class RequestIntake:
             "num_forward_tokens": self.runner.num_forward_tokens,
             "num_forward_passes": self.runner.num_forward_passes,
             "shared_prefix_steps": self.runner.num_shared_prefix_steps,
+            "mask_fill": self.runner.mask_fill_stats(),
             "num_compiling": len(self.grammars.pending),
             "new_token_ratio": self.new_token_ratio,
             "page_size": self.runner.page_size,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import deque
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from weft.runtime.step import LaunchedStep, ReqStepResult, input_logprob_rows, s
 from weft.runtime.transfer import to_device
 
 logger = logging.getLogger(__name__)
+MASK_FILL_WINDOW = 10_000
 
 CPU_KV_BYTES = 1 << 30  # default CPU budget for the KV pool
 
@@ -122,6 +124,10 @@ class ModelRunner:
         self.num_forward_tokens = 0  # tokens actually run through the model (prefix reuse tests)
         self.num_forward_passes = 0
         self.num_shared_prefix_steps = 0  # decode steps that read a shared prefix once per group
+        # per constrained request and step: ns the scheduler thread spent in fill_bitmask (the
+        # last MASK_FILL_WINDOW fills; a prefetched mask is only copied there)
+        self.mask_fill_ns: deque[int] = deque(maxlen=MASK_FILL_WINDOW)
+        self.num_mask_fills = 0
         self.num_launches = 0
         self._last_ids: tuple[int, torch.Tensor] | None = None  # the last launch's sampled ids
         # host copies of sampled ids: one per step that can be alive at once (overlap keeps two)
@@ -199,10 +205,27 @@ class ModelRunner:
         ]
         if constrained and self.bitmask is None:
             self.bitmask = allocate_bitmask(self.req_to_token.max_reqs, self.hf_config.vocab_size)
+        clock = time.perf_counter_ns
         for row, i in enumerate(constrained):
             assert self.bitmask is not None
+            t0 = clock()
             reqs[i].grammar.fill_bitmask(self.bitmask, row)
+            self.mask_fill_ns.append(clock() - t0)
+        self.num_mask_fills += len(constrained)
         return constrained
+
+    def mask_fill_stats(self) -> dict[str, float]:
+        """Mask fill time per constrained request and step on the scheduler thread, in µs: the
+        count of all fills and the median / p99 of the last MASK_FILL_WINDOW."""
+        if not self.mask_fill_ns:
+            return {"count": 0}
+        ordered = sorted(self.mask_fill_ns)
+        n = len(ordered)
+        return {
+            "count": self.num_mask_fills,
+            "p50_us": ordered[(n - 1) // 2] / 1e3,
+            "p99_us": ordered[min(n - 1, (99 * n) // 100)] / 1e3,
+        }
 
     def _forward_batch(self, batch: Batch) -> ForwardBatch:
         ids: list[int] = []

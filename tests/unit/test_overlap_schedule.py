@@ -157,7 +157,9 @@ def test_with_overlap_forced_tokens_do_not_break_the_decode_chain(tiny_model_dir
     counts = {}
     for overlap, jump in (("on", True), ("off", True), ("off", False)):
         modes: list[ForwardMode] = []
-        run(tiny_model_dir, overlap, params, modes=modes, disable_jump_forward=not jump)
+        _, sched = run(tiny_model_dir, overlap, params, modes=modes, disable_jump_forward=not jump)
+        fills = sched.state()["mask_fill"]  # every masked sample timed on the scheduler thread
+        assert fills["count"] >= 6 and 0 < fills["p50_us"] <= fills["p99_us"], fills
         counts[overlap, jump] = (len(modes), modes.count(ForwardMode.EXTEND))
     extends_on = counts["on", True][1]
     assert extends_on == counts["off", False][1], counts  # the prefills only
