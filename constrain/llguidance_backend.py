@@ -1,8 +1,9 @@
 """llguidance backend: JSON schema, regex, Lark/GBNF and choices via an Earley parser over a lazy lexer.
 
-Mask prefetch: right after a matcher accepts a token that leaves no forced continuation, the
-next mask is computed on a background thread (llguidance drops the GIL while it computes) into
-the matcher's own buffer; `fill_bitmask` then waits for it, if it is still running, and copies it.
+Mask prefetch: when a matcher is created, and right after it accepts a token, a state with no
+forced continuation has its mask computed on a background thread (llguidance drops the GIL while
+it computes) into the matcher's own buffer; `fill_bitmask` then waits for it, if it is still
+running, and copies it.
 The mask is the library's own for the same state, so prefetching never changes a mask: it moves
 the work off the caller's path (the scheduler fills masks a model step after the accept), at the
 price of a thread handoff in accept_token (~10-30 us on a 2-core VM; see BENCHMARKS.md).
@@ -158,6 +159,7 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._ready = False  # `_next` holds the mask of the current state
         self._filled = False  # a fill has delivered the current state's mask
         self._forced: list[int] | None = None  # forced tokens of the current state, if known
+        self._prefetch_if_unforced()  # the first mask too: a prefill runs before its fill
 
     def error(self) -> str | None:
         if (self._job is not None or self._ready) and not self._filled:
@@ -189,10 +191,7 @@ class LLGuidanceMatcher(GrammarMatcher):
         assert ok, self._m.get_error()
         self._ready = self._filled = False
         self._forced = None
-        if self._prefetch:  # NOTE: a state with forced tokens has a one-token mask: cheap
-            self._forced = list(self._m.compute_ff_tokens())
-            if not self._forced and not self._m.is_error():
-                self._start_prefetch()
+        self._prefetch_if_unforced()
         return True
 
     def _rollback_content(self, k: int) -> None:
@@ -213,6 +212,14 @@ class LLGuidanceMatcher(GrammarMatcher):
         return LLGuidanceMatcher(self._space, self._m.deep_copy(), self._prefetch)
 
     ##### Internal Helper Functions #####
+
+    def _prefetch_if_unforced(self) -> None:
+        """Start computing this state's mask, unless it has forced tokens (NOTE: then the mask
+        allows one token: cheap) or an error."""
+        if self._prefetch and not self._m.is_error():
+            self._forced = list(self._m.compute_ff_tokens())
+            if not self._forced:
+                self._start_prefetch()
 
     def _start_prefetch(self) -> None:
         if self._next is None:
