@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from weft.constrain.base import CompiledGrammar, GrammarBackend, GrammarError, GrammarSpec
+
+logger = logging.getLogger(__name__)
 
 
 class CompileHandle:
@@ -56,9 +59,22 @@ class CompileHandle:
         self._started = time.monotonic()
         try:
             grammar = backend.compile(self.spec, timeout_s=self.timeout_s)
-        except BaseException as e:  # GrammarError or a bug: either way the caller sees it
+        except GrammarError as e:
             self._elapsed = time.monotonic() - self._started
             self._future.set_exception(e)
+        except Exception as e:  # a bug in a backend: this spec fails, the caller goes on
+            self._elapsed = time.monotonic() - self._started
+            logger.exception("the %s grammar backend failed on a %s", backend.name, self.spec.kind)
+            self._future.set_exception(
+                GrammarError(
+                    f"internal error in the {backend.name} grammar backend "
+                    f"({type(e).__name__}: {str(e)[:200]})"
+                )
+            )
+        except BaseException as e:  # interpreter exit: the caller still gets an answer
+            self._elapsed = time.monotonic() - self._started
+            self._future.set_exception(e)
+            raise
         else:
             self._elapsed = time.monotonic() - self._started
             self._future.set_result(grammar)

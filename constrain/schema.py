@@ -52,7 +52,7 @@ def llguidance_keywords(messages: list[str]) -> list[str]:
     found: list[str] = []
     for msg in messages:
         if msg.startswith("Unimplemented keys: "):
-            found += json.loads(msg[len("Unimplemented keys: ") :].splitlines()[0])
+            found += _leading_json_list(msg[len("Unimplemented keys: ") :]) or [msg.strip()[:200]]
         elif msg.startswith("Unknown format: "):
             found.append("format:" + msg[len("Unknown format: ") :].strip())
         elif msg.startswith("oneOf"):
@@ -60,6 +60,18 @@ def llguidance_keywords(messages: list[str]) -> list[str]:
         else:
             found.append(msg.strip().splitlines()[0][:200])
     return list(dict.fromkeys(found))
+
+
+def _leading_json_list(text: str) -> list[str]:
+    """The JSON list of strings that `text` starts with (a repeated warning ends in " (2 times)");
+    [] if it does not start with one."""
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text)
+    except json.JSONDecodeError:
+        return []
+    if not isinstance(value, list):
+        return []
+    return [str(v) for v in value]
 
 
 ##### outlines: audited here, since outlines-core drops unknown keywords silently #####

@@ -43,6 +43,8 @@ class CountingBackend(GrammarBackend):
             raise GrammarError("invalid regex: unclosed group")
         if spec.spec == "slow":
             time.sleep(0.6)
+        if spec.spec == "bug":
+            raise KeyError("a bug in the backend")
         return _Grammar(spec)
 
 
@@ -68,6 +70,29 @@ def test_failures_are_cached() -> None:
             compiler.submit(GrammarSpec.regex("(")).result()
     assert fake.compiles == 1 and compiler.hits == 2
     compiler.close()
+
+
+def test_a_backend_bug_is_a_refusal_of_that_spec_not_a_crash() -> None:
+    """A non-GrammarError from a backend (a bug) reaches the caller as a GrammarError naming it,
+    so the scheduler's grammar queue refuses that request and serves the others."""
+    compiler = GrammarCompiler(CountingBackend(), timeout_s=5)
+    with pytest.raises(GrammarError, match="internal error in the counting grammar backend "
+                       "\\(KeyError: 'a bug in the backend'\\)"):  # fmt: skip
+        compiler.submit(GrammarSpec.regex("bug")).result()
+    assert isinstance(compiler.submit(GrammarSpec.regex("a")).result(), _Grammar)
+    compiler.close()
+
+
+def test_llguidance_warnings_name_the_keywords() -> None:
+    from weft.constrain.schema import llguidance_keywords
+
+    got = llguidance_keywords([
+        'Unimplemented keys: ["uniqueItems"] (2 times)',  # a repeated warning (real-world schemas)
+        'Unimplemented keys: ["if", "then"]',
+        "Unknown format: hostname",
+        "Unimplemented keys: not a list",
+    ])  # fmt: skip
+    assert got == ["uniqueItems", "if", "then", "format:hostname", "Unimplemented keys: not a list"]
 
 
 def test_handle_polling_and_late_results_count_as_timeouts() -> None:
