@@ -188,6 +188,16 @@ def test_ebnf_on_llguidance_refused_by_outlines() -> None:
 
 
 @pytest.mark.parametrize("name", BACKENDS)
+def test_a_keyword_left_unenforced_twice_is_reported_once(name: str) -> None:
+    """llguidance words a repeated warning 'Unimplemented keys: [...] (2 times)'."""
+    arr = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    schema = {"type": "object", "properties": {"a": arr, "b": arr}}
+    assert backend(name).compile(GrammarSpec.json_schema(schema)).unenforced == ("uniqueItems",)
+    with pytest.raises(GrammarError, match="uniqueItems"):
+        backend(name, strict=True).compile(GrammarSpec.json_schema(schema))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
 def test_strict_refuses_what_lenient_reports(name: str) -> None:
     schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
     lenient = backend(name).compile(GrammarSpec.json_schema(schema))
