@@ -61,10 +61,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.kv_starts, self.shared = None, None
         if not shared:
             return
-<<<<<<< Updated upstream
         assert self.shared_prefix, "a shared-prefix graph needs shared_prefix on"
-=======
->>>>>>> Stashed changes
         nb = max_blocks(bs)
         if self._static is None:  # graphs are captured largest first: this one is
             zeros = self._zeros
@@ -81,13 +78,6 @@ class TritonAttentionBackend(AttentionBackend):
         starts, members, rows, lens = self._static
         nb = max_blocks(padded_size)
         plan = batch.shared
-<<<<<<< Updated upstream
-=======
-        if plan is None:
-            starts[:padded_size].zero_()
-            lens[:nb].zero_()
-            return
->>>>>>> Stashed changes
         assert plan.num_blocks <= nb, (plan.num_blocks, nb)
         used = plan.num_blocks
         new_starts, new_members, new_rows, new_lens = self._upload(plan, padded_size, nb)
