@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,21 +51,26 @@ def walk(schema: Any) -> Iterator[dict[str, Any]]:
 def llguidance_keywords(messages: list[str]) -> list[str]:
     """Keyword names from llguidance's warnings/errors (lenient warnings or a strict error)."""
     found: list[str] = []
-    for msg in messages:
+    for text in messages:
+        if not text.strip():
+            continue
+        msg = _REPEATS.sub("", text.strip().splitlines()[0])
         if msg.startswith("Unimplemented keys: "):
-            found += _leading_json_list(msg[len("Unimplemented keys: ") :]) or [msg.strip()[:200]]
+            found += _leading_json_list(msg[len("Unimplemented keys: ") :]) or [msg[:200]]
         elif msg.startswith("Unknown format: "):
             found.append("format:" + msg[len("Unknown format: ") :].strip())
         elif msg.startswith("oneOf"):
             found.append("oneOf")
         else:
-            found.append(msg.strip().splitlines()[0][:200])
+            found.append(msg[:200])
     return list(dict.fromkeys(found))
 
 
+_REPEATS = re.compile(r" \(\d+ times\)$")  # llguidance's suffix on a repeated warning
+
+
 def _leading_json_list(text: str) -> list[str]:
-    """The JSON list of strings that `text` starts with (a repeated warning ends in " (2 times)");
-    [] if it does not start with one."""
+    """The JSON list of strings that `text` starts with; [] if it does not start with one."""
     try:
         value, _ = json.JSONDecoder().raw_decode(text)
     except json.JSONDecodeError:

@@ -90,9 +90,11 @@ def test_llguidance_warnings_name_the_keywords() -> None:
         'Unimplemented keys: ["uniqueItems"] (2 times)',  # a repeated warning (real-world schemas)
         'Unimplemented keys: ["if", "then"]',
         "Unknown format: hostname",
+        "Unknown format: regex (3 times)",
         "Unimplemented keys: not a list",
     ])  # fmt: skip
-    assert got == ["uniqueItems", "if", "then", "format:hostname", "Unimplemented keys: not a list"]
+    assert got == ["uniqueItems", "if", "then", "format:hostname", "format:regex",
+                   "Unimplemented keys: not a list"]  # fmt: skip
 
 
 def test_handle_polling_and_late_results_count_as_timeouts() -> None:
