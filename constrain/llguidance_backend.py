@@ -71,12 +71,14 @@ class LLGuidanceBackend(GrammarBackend):
         return (*super().cache_key, self._json_whitespace)
 
     def compile(self, spec: GrammarSpec, timeout_s: float | None = None) -> CompiledGrammar:
-        grammar = self._grammar_text(spec)
-        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=self._limits)
+        matcher = self._matcher(spec)
+        dropped = []
+        if matcher.is_error() and (plain := self._without_unknown_dialect(spec, matcher)):
+            matcher, dropped = self._matcher(plain), ["$schema"]
         if matcher.is_error():
             raise self._refusal(spec, matcher.get_error())
         unenforced = (
-            llguidance_keywords(matcher.get_grammar_warnings())
+            dropped + llguidance_keywords(matcher.get_grammar_warnings())
             if spec.kind == "json_schema"
             else []
         )
@@ -85,6 +87,27 @@ class LLGuidanceBackend(GrammarBackend):
         if matcher.is_error():
             raise self._refusal(spec, matcher.get_error())
         return compiled
+
+    def _matcher(self, spec: GrammarSpec) -> Any:
+        grammar = self._grammar_text(spec)
+        return llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=self._limits)
+
+    def _without_unknown_dialect(self, spec: GrammarSpec, matcher: Any) -> GrammarSpec | None:
+        """The schema without its `$schema` when that URI is what the library failed to resolve
+        (a dialect it does not know, e.g. SchemaStore's stricter draft-07 meta-schema: it only
+        validates schemas, yet instances are read under the default dialect then, so lenient
+        mode reports `$schema` as not enforced and strict mode refuses)."""
+        if spec.kind != "json_schema":
+            return None
+        schema = json.loads(spec.spec)
+        uri = schema.get("$schema") if isinstance(schema, dict) else None
+        if not isinstance(uri, str) or f"Resource '{uri}'" not in matcher.get_error():
+            return None
+        if self.strict_for(spec):
+            why = f"unknown JSON Schema dialect ($schema {uri!r})"
+            raise GrammarError(why + STRICT_NOTE * (spec.strict and not self.strict), ["$schema"])
+        del schema["$schema"]
+        return GrammarSpec.json_schema(schema)
 
     def _grammar_text(self, spec: GrammarSpec) -> str:
         make = llguidance.LLMatcher

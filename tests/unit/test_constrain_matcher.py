@@ -264,3 +264,22 @@ def test_invalid_specs_are_refused(name: str) -> None:
         GrammarSpec.json_schema(False)
     assert GrammarSpec.json_schema(True).spec == "{}"
     assert GrammarSpec.json_schema({"b": 1, "a": 2}).spec == '{"b":1,"a":2}'  # order is semantic
+
+
+def test_an_unknown_dialect_is_reported_or_refused() -> None:
+    """llguidance cannot resolve a `$schema` it does not know (SchemaStore's stricter draft-07
+    meta-schema): lenient compiles the schema under the default dialect and says `$schema` was
+    not enforced; strict refuses it; a known dialect is simply used."""
+    body = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    unknown = {"$schema": "https://json.schemastore.org/metaschema-draft-07-unofficial-strict.json"}
+    lenient = backend("llguidance").compile(GrammarSpec.json_schema({**unknown, **body}))
+    assert lenient.unenforced == ("$schema",)
+    assert walk(lenient.matcher(), encode('{"n": 3}')).accepted
+    assert not walk(lenient.matcher(), encode('{"n": "x"}')).accepted
+    with pytest.raises(GrammarError, match="unknown JSON Schema dialect") as info:
+        backend("llguidance").compile(GrammarSpec.json_schema({**unknown, **body}, strict=True))
+    assert info.value.keywords == ("$schema",)
+    draft7 = {"$schema": "http://json-schema.org/draft-07/schema#", **body}
+    assert (
+        backend("llguidance", strict=True).compile(GrammarSpec.json_schema(draft7)).unenforced == ()
+    )
