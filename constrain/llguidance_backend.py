@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import json
 import queue
+import re
 import threading
 from typing import Any
 
@@ -136,6 +137,12 @@ class LLGuidanceBackend(GrammarBackend):
             why = f"unsupported JSON schema keyword(s): {', '.join(keywords)}"
             return GrammarError(why + STRICT_NOTE * (spec.strict and not self.strict), keywords)
         text = message.strip()[:500]
+        remote = re.search(r"Resource '([^']*)' is not present in a registry", text)
+        if remote:
+            return GrammarError(
+                f"remote $ref {remote.group(1)!r} is not supported: weft does not fetch "
+                "referenced documents; put the referenced schema under $defs"
+            )
         if "too big" in text or "limit" in text or "fuel" in text:
             return GrammarError(f"{spec.kind} is too complex to compile: {text}")
         return GrammarError(f"invalid {spec.kind}: {text}")

@@ -283,3 +283,10 @@ def test_an_unknown_dialect_is_reported_or_refused() -> None:
     assert (
         backend("llguidance", strict=True).compile(GrammarSpec.json_schema(draft7)).unenforced == ()
     )
+
+
+def test_a_remote_ref_is_refused_with_the_reason() -> None:
+    schema = {"type": "object", "properties": {"a": {"$ref": "https://example.com/other.json"}}}
+    with pytest.raises(GrammarError, match="remote \\$ref 'https://example.com/other.json' is not "
+                       "supported: weft does not fetch"):  # fmt: skip
+        backend("llguidance").compile(GrammarSpec.json_schema(schema))
