@@ -1,5 +1,6 @@
 """GET /metrics (Prometheus): request counts by finish reason, latency histograms, token counters,
-and the scheduler's load, KV pool use and prefix-cache hit rate read at scrape time."""
+and the scheduler's load, KV pool use, prefix-cache hit rate and grammar mask-fill time read at
+scrape time."""
 
 from __future__ import annotations
 
@@ -76,6 +77,13 @@ class Metrics:
         self.hit_rate = Gauge(
             "weft_prefix_cache_hit_rate", "Cached prompt tokens / prompt tokens so far", registry=r
         )
+        self.mask_fill = Gauge(
+            "weft_grammar_mask_fill_microseconds",
+            "Scheduler-thread time per constrained request and step in mask filling, over the "
+            "last 10k fills (0 before any)",
+            ["quantile"],
+            registry=r,
+        )
 
     def observe(self, state: ReqState, out: StrOut, prev_token_at: float | None) -> None:
         """TokenizerManager observer: called on every output of every request."""
@@ -110,6 +118,9 @@ class Metrics:
         self.kv_used_by_requests.set(sched["protected_tokens"])
         prompt = int(sched.get("prompt_tokens", 0))
         self.hit_rate.set(int(sched.get("cached_tokens", 0)) / prompt if prompt else 0.0)
+        fills = sched.get("mask_fill", {})
+        for quantile, key in (("0.5", "p50_us"), ("0.99", "p99_us")):
+            self.mask_fill.labels(quantile).set(float(fills.get(key, 0.0)))
 
 
 @router.get("/metrics")

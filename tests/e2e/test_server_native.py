@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from typing import Any
 
@@ -293,7 +294,11 @@ def test_info_routes(server: Any) -> None:
 
 def test_metrics(server: Any) -> None:
     post(server, "/generate", {"text": "metrics", "sampling_params": {"max_new_tokens": 3}})
+    params = {"max_new_tokens": 4, "regex": "[a-z]{3}[0-9]"}
+    post(server, "/generate", {"text": "a code:", "sampling_params": params})
     text = httpx.get(f"{server.url}/metrics").text
+    p99 = re.search(r'weft_grammar_mask_fill_microseconds\{quantile="0.99"\} (\S+)', text)
+    assert p99 is not None and float(p99.group(1)) > 0, "a constrained request's fills are timed"
     for name in (
         'weft_requests_total{finish_reason="length"}',
         "weft_time_to_first_token_seconds_bucket",
@@ -304,6 +309,7 @@ def test_metrics(server: Any) -> None:
         "weft_num_waiting_reqs",
         "weft_kv_pool_usage",
         "weft_prefix_cache_hit_rate",
+        'weft_grammar_mask_fill_microseconds{quantile="0.99"}',
         "weft_prompt_tokens_total",
         "weft_generation_tokens_total",
     ):
