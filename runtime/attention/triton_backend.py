@@ -25,7 +25,8 @@ class TritonAttentionBackend(AttentionBackend):
     Shared prefixes (`shared_prefix`, ForwardBatch.shared): a decode request in a group walks only
     its own KV after the group's prefix; one program per block of members reads the prefix once
     for all of them. In CUDA graphs the plan lives in static buffers sized for the largest batch,
-    filled before each replay (a batch without groups: every block empty, every start 0).
+    filled before each replay of the shared-prefix graph variant; a step without groups replays
+    the plain variant, which reads no plan.
     """
 
     supports_sliding_window = False
