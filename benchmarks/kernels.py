@@ -1,6 +1,6 @@
 """Kernel timings on CUDA: weft.kernels against the device-to-device copy ceiling of the same run.
 
-    python benchmarks/kernels.py [--quick]
+    python benchmarks/kernels.py [--quick | --decode-only | --shared-only | --small-decode]
 
 Medians of CUDA-event timings after warm-up (triton.testing.do_bench, L2 flushed between runs), on
 random data. GB/s counts the fewest bytes each kernel must move (every input read once, every
@@ -159,6 +159,55 @@ def bench_decode_tune(ceiling: float) -> None:
         if fi is not None:
             print(f"        FlashInfer tensor-core decode: {fi * 1e3:7.1f} us = "
                   f"{nbytes / fi / 1e6 / ceiling:.0%}")  # fmt: skip
+
+
+def graph_ms(fns: list[Callable[[], object]]) -> float:
+    """Median ms per call of `fns` run back to back inside one CUDA graph: no launch or host cost,
+    as in a decode step's replay (`time_ms` of eager calls is host-bound at small batches)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm up outside the capture
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    return time_ms(graph.replay) / len(fns)
+
+
+def bench_decode_small(ceiling: float) -> None:
+    """Small decode batches inside a CUDA graph, as a decode step runs them: per split count and
+    tile. One call per layer, each layer its own pool (>= 256 MB in all, so the L2 holds none of
+    it, as between the layers of a model step)."""
+    from weft.kernels import decode_attention, decode_num_kv_splits
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print("\ndecode in a CUDA graph, kv 2048, 32 q / 8 kv heads, d=128, page 16, bf16")
+    print("  us per call and % of copy per num_kv_splits; * = pick for ctx 2048, g = pick for a"
+          " graph captured at ctx 4096")  # fmt: skip
+    splits_grid = [4, 8, 16, 32, 64]
+    print(f"  {'batch':>5} {'block_n':>7} " + " ".join(f"{s:>13}" for s in splits_grid))
+    for bsz in (1, 2, 4, 8, 16, 32):
+        nbytes = decode_bytes(bsz, 2048)
+        layers = max(1, min(32, (256 << 20) // nbytes))
+        sets = [decode_setup(bsz, 2048) for _ in range(layers)]
+        picks = (decode_num_kv_splits(bsz, 8, 2048, sms), decode_num_kv_splits(bsz, 8, 4096, sms))
+        for block_n in (32, 64):
+            cells = []
+            for splits in splits_grid:
+                fns = [
+                    partial(decode_attention, **a, num_kv_splits=splits, block_n=block_n)
+                    for a in sets
+                ]
+                ms = graph_ms(fns)
+                mark = ("*" if splits == picks[0] else "") + ("g" if splits == picks[1] else "")
+                cells.append(f"{ms * 1e3:5.1f} {nbytes / ms / 1e6 / ceiling:4.0%}{mark:<2}")
+            print(f"  {bsz:>5} {block_n:>7} " + " ".join(cells))
+        del sets
+        torch.cuda.empty_cache()
 
 
 def flashinfer_decode_ms(args: dict, bsz: int, kv_len: int) -> float | None:
@@ -327,6 +376,9 @@ def main() -> None:
         "--decode-only", action="store_true", help="only the decode tuning and shared-prefix runs"
     )
     parser.add_argument("--shared-only", action="store_true", help="only the shared-prefix runs")
+    parser.add_argument(
+        "--small-decode", action="store_true", help="only small decode batches in CUDA graphs"
+    )
     args = parser.parse_args()
     assert torch.cuda.is_available(), "benchmarks/kernels.py needs CUDA"
     torch.manual_seed(0)
@@ -339,6 +391,9 @@ def main() -> None:
     print(f"device-to-device copy: {ceiling:.0f} GB/s (read + write)")
     if args.shared_only:
         bench_shared_prefix(ceiling)
+        return
+    if args.small_decode:
+        bench_decode_small(ceiling)
         return
     if args.decode_only:
         bench_decode_tune(ceiling)

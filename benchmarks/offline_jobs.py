@@ -195,6 +195,12 @@ def run_constrained(
     lengths = [o["meta_info"]["completion_tokens"] for o in outs]
     valid = sum(_is_json(o["text"]) for o in outs)
     con.note = f"{valid}/{len(outs)} parse as JSON (the rest stopped at max_new_tokens) " + con.note
+    fills = engine.get_state()["mask_fill"]  # the scheduler thread's fill_bitmask time, per request
+    con.extra["mask_fill"] = fills
+    con.note += (
+        f"; mask fill per request and step: p50 {fills.get('p50_us', 0):.1f} us, "
+        f"p99 {fills.get('p99_us', 0):.1f} us ({fills['count']} fills)"
+    )
     con.extra["output_lengths"] = lengths
     plain = matched_unconstrained(work, lengths)
     free = RunResult("constrained", "unconstrained", plain.name, engine_label, con.shape)

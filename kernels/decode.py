@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 # NOTE: partial results are kept in base 2 (scores scaled by log2(e)), so the kernels use exp2/log2.
 LOG2E = 1.4426950408889634
+# One 64-key block per split is enough work once the reduce merges all splits in one pass
+# (was 256 with a serial merge; see BENCHMARKS.md, sixth session).
+MIN_SPLIT_TOKENS = 64
 
 
 @triton.jit
@@ -154,10 +157,13 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     stride_outh,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # >= the columns read: num_splits + num_prefix_splits
     BLOCK_N: tl.constexpr,
     PREFIX_BLOCK_N: tl.constexpr,
     HAS_KV_STARTS: tl.constexpr,
 ):
+    """All of a (request, q head)'s partial results merged in one pass (no loop of dependent
+    loads: at batch 1 with 32+ splits a serial merge is latency-bound)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
@@ -171,31 +177,28 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     used = tl.cdiv(own, tl.maximum(split_len, 1))
     _, _, prefix_split_len = _split_range(kv_start, num_prefix_splits, 0, PREFIX_BLOCK_N)
     used_prefix = tl.cdiv(kv_start, tl.maximum(prefix_split_len, 1))
+    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < D
-    m = float("-inf")
-    total = 0.0
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for s in range(0, used + used_prefix):
-        col = tl.where(s < used, s, col0 + s - used)
-        lse = tl.load(Part_lse + b * stride_lb + h * stride_lh + col)
-        o = tl.load(Part_o + b * stride_ob + h * stride_oh + col * stride_os + offs_d, mask=d_mask)
-        m_new = tl.maximum(m, lse)
-        alpha = tl.exp2(m - m_new)
-        w = tl.exp2(lse - m_new)
-        acc = acc * alpha + w * o
-        total = total * alpha + w
-        m = m_new
-    out = acc / tl.where(total > 0, total, 1.0)  # seq_len 0 (a padded row) gives zeros
-    tl.store(Out + b * stride_outb + h * stride_outh + offs_d, out, mask=d_mask)
+    valid = offs_s < used + used_prefix
+    col = tl.where(offs_s < used, offs_s, col0 + offs_s - used)
+    lse = tl.load(Part_lse + b * stride_lb + h * stride_lh + col, mask=valid, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.where(valid, tl.exp2(lse - m), 0.0)  # [BLOCK_S]; no valid column (padded row): all 0
+    o_ptrs = Part_o + b * stride_ob + h * stride_oh + col[:, None] * stride_os + offs_d[None, :]
+    o = tl.load(o_ptrs, mask=valid[:, None] & (offs_d < D)[None, :], other=0.0)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)  # seq_len 0 gives zeros
+    tl.store(Out + b * stride_outb + h * stride_outh + offs_d, out, mask=offs_d < D)
 
 
 def decode_num_kv_splits(
     batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int = 132
 ) -> int:
-    """Splits so the grid has ~4 programs per SM, each split at least 256 tokens; a power of 2."""
+    """Splits so the grid has ~4 programs per SM, each split at least MIN_SPLIT_TOKENS; a power
+    of 2. (A split's length follows each request's own length at run time, so a CUDA graph
+    captured for the longest context still spreads a short one over all its splits.)"""
     want = triton.cdiv(4 * num_sms, max(batch_size * num_kv_heads, 1))
-    cap = max(1, min(64, max_seq_len // 256))
+    cap = max(1, min(64, max_seq_len // MIN_SPLIT_TOKENS))
     return min(triton.next_power_of_2(want), triton.next_power_of_2(cap + 1) // 2)
 
 
@@ -295,7 +298,8 @@ def decode_attention(
         num_kv_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
-        D=dim, BLOCK_D=block_d, BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n,
-        HAS_KV_STARTS=kv_starts is not None, num_warps=4,
+        D=dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_kv_splits + prefix_splits),
+        BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, HAS_KV_STARTS=kv_starts is not None,
+        num_warps=4 if width * block_d <= 4096 else 8,
     )  # fmt: skip
     return out

@@ -205,6 +205,7 @@ DECODE_CASES = [
     (8, 1, 64, 16, 3, torch.float32, [64, 1, 100, 49], 16),
     (8, 2, 64, 1, 8, torch.float16, [9, 50], 16),
     (4, 4, 128, 16, 2, torch.float32, [130, 3], None),  # default block size
+    (8, 2, 64, 16, 32, torch.float16, [300, 5, 64], 16),  # a wide reduce, most splits unused
 ]
 
 
