@@ -12,6 +12,7 @@ price of a thread handoff in accept_token (~10-30 us on a 2-core VM; see BENCHMA
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import queue
 import re
@@ -30,7 +31,7 @@ from weft.constrain.base import (
     GrammarMatcher,
     GrammarSpec,
 )
-from weft.constrain.schema import llguidance_keywords
+from weft.constrain.schema import llguidance_keywords, without_patterns, without_remote_refs
 from weft.constrain.vocab import TokenSpace
 
 # NOTE: llguidance bounds every compile and mask step by fuel, not time (so a compile thread
@@ -44,6 +45,16 @@ PARSER_LIMITS: dict[str, Any] = {
     "max_grammar_size": 500_000,
     "verbose_errors": False,
 }
+MAX_REPAIRS = 8  # compile rounds that each drop what one library error was about
+_REMOTE = re.compile(r"Resource '([^']*)' is not present in a registry")
+_Repair = tuple[dict[str, Any], list[str]]  # a repaired schema, the keywords it no longer enforces
+
+
+def remote_ref_refusal(uri: str) -> str:
+    return (
+        f"remote $ref {uri!r} is not supported: weft does not fetch referenced documents; "
+        "put the referenced schema under $defs"
+    )
 
 
 class LLGuidanceBackend(GrammarBackend):
@@ -72,12 +83,7 @@ class LLGuidanceBackend(GrammarBackend):
         return (*super().cache_key, self._json_whitespace)
 
     def compile(self, spec: GrammarSpec, timeout_s: float | None = None) -> CompiledGrammar:
-        matcher = self._matcher(spec)
-        dropped = []
-        if matcher.is_error() and (plain := self._without_unknown_dialect(spec, matcher)):
-            matcher, dropped = self._matcher(plain), ["$schema"]
-        if matcher.is_error():
-            raise self._refusal(spec, matcher.get_error())
+        matcher, dropped = self._repaired_matcher(spec)
         unenforced = (
             dropped + llguidance_keywords(matcher.get_grammar_warnings())
             if spec.kind == "json_schema"
@@ -93,22 +99,89 @@ class LLGuidanceBackend(GrammarBackend):
         grammar = self._grammar_text(spec)
         return llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=self._limits)
 
-    def _without_unknown_dialect(self, spec: GrammarSpec, matcher: Any) -> GrammarSpec | None:
-        """The schema without its `$schema` when that URI is what the library failed to resolve
-        (a dialect it does not know, e.g. SchemaStore's stricter draft-07 meta-schema: it only
-        validates schemas, yet instances are read under the default dialect then, so lenient
-        mode reports `$schema` as not enforced and strict mode refuses)."""
-        if spec.kind != "json_schema":
-            return None
-        schema = json.loads(spec.spec)
+    ##### Repairs: what the library cannot compile, dropped and reported (refused if strict) #####
+
+    def _repaired_matcher(self, spec: GrammarSpec) -> tuple[Any, list[str]]:
+        """(a matcher for `spec`, or for `spec` less what the library failed on, the keywords so
+        dropped). Each round drops what the library's error is about and compiles again; an error
+        that no repair removes anything for refuses the spec with the library's reason."""
+        matcher = self._matcher(spec)
+        dropped: list[str] = []
+        patterns: dict[str, str] = {}  # pattern -> the library's error about it ("" if none)
+        repairs = (
+            self._drop_unknown_dialect,
+            self._drop_remote_refs,
+            functools.partial(self._drop_bad_patterns, cache=patterns),
+        )
+        current = spec
+        for _ in range(MAX_REPAIRS):
+            if spec.kind != "json_schema" or not matcher.is_error():
+                break
+            schema, error = json.loads(current.spec), matcher.get_error()
+            repaired = next(filter(None, (repair(spec, schema, error) for repair in repairs)), None)
+            if repaired is None:
+                break
+            current = GrammarSpec.json_schema(repaired[0], spec.strict)
+            matcher, dropped = self._matcher(current), dropped + repaired[1]
+        if matcher.is_error():
+            raise self._refusal(spec, matcher.get_error())
+        return matcher, list(dict.fromkeys(dropped))
+
+    # Each repair: (`schema` without what `error` is about, the keywords so dropped), or None where
+    # it does not apply or removes nothing; where it applies to a strict spec, a GrammarError.
+
+    def _drop_unknown_dialect(self, spec: GrammarSpec, schema: Any, error: str) -> _Repair | None:
+        """A `$schema` URI the library failed to resolve: a dialect it does not know (e.g.
+        SchemaStore's stricter draft-07 meta-schema). It only validates schemas, yet instances
+        are then read under the default dialect, so `$schema` is reported as not enforced."""
         uri = schema.get("$schema") if isinstance(schema, dict) else None
-        if not isinstance(uri, str) or f"Resource '{uri}'" not in matcher.get_error():
+        if not isinstance(uri, str) or f"Resource '{uri}'" not in error:
             return None
         if self.strict_for(spec):
             why = f"unknown JSON Schema dialect ($schema {uri!r})"
-            raise GrammarError(why + STRICT_NOTE * (spec.strict and not self.strict), ["$schema"])
-        del schema["$schema"]
-        return GrammarSpec.json_schema(schema)
+            raise GrammarError(why + self._strict_note(spec), ["$schema"])
+        return {k: v for k, v in schema.items() if k != "$schema"}, ["$schema"]
+
+    def _drop_remote_refs(self, spec: GrammarSpec, schema: Any, error: str) -> _Repair | None:
+        """`$ref`s into a document the library does not have (weft never fetches one)."""
+        remote = _REMOTE.search(error)
+        if remote is None or not isinstance(schema, dict):
+            return None
+        uri = remote.group(1)
+        plain, removed = without_remote_refs(schema, uri)
+        if not removed:  # NOTE: a $ref where the walker does not look: refused, never a loop
+            return None
+        if self.strict_for(spec):
+            raise GrammarError(remote_ref_refusal(uri) + self._strict_note(spec), [f"$ref:{uri}"])
+        return plain, [f"$ref:{uri}"]
+
+    def _drop_bad_patterns(
+        self, spec: GrammarSpec, schema: Any, error: str, cache: dict[str, str]
+    ) -> _Repair | None:
+        """String `pattern`s that the library's regex engine cannot compile (lookarounds, `\\b`)."""
+        if "regex" not in error or not isinstance(schema, dict):
+            return None
+        plain, bad = without_patterns(schema, lambda p: not self._pattern_error(p, cache))
+        if not bad:
+            return None
+        if self.strict_for(spec):
+            why = f"unsupported JSON schema keyword(s): pattern ({bad[0]!r}: "
+            why += f"{self._pattern_error(bad[0], cache)})"
+            raise GrammarError(why + self._strict_note(spec), ["pattern"])
+        return plain, ["pattern"]
+
+    def _strict_note(self, spec: GrammarSpec) -> str:
+        """STRICT_NOTE where only the request's own strict flag refuses the spec."""
+        return STRICT_NOTE * (spec.strict and not self.strict)
+
+    def _pattern_error(self, pattern: str, cache: dict[str, str]) -> str:
+        """Why the library cannot compile `pattern` as a JSON string's pattern ("" if it can)."""
+        if pattern not in cache:
+            schema = json.dumps({"type": "string", "pattern": pattern})
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+            error = llguidance.LLMatcher.validate_grammar(grammar, limits=self._limits)
+            cache[pattern] = " ".join(error.split())[:300]
+        return cache[pattern]
 
     def _grammar_text(self, spec: GrammarSpec) -> str:
         make = llguidance.LLMatcher
@@ -135,14 +208,11 @@ class LLGuidanceBackend(GrammarBackend):
         ):
             keywords = llguidance_keywords([message])
             why = f"unsupported JSON schema keyword(s): {', '.join(keywords)}"
-            return GrammarError(why + STRICT_NOTE * (spec.strict and not self.strict), keywords)
+            return GrammarError(why + self._strict_note(spec), keywords)
         text = message.strip()[:500]
-        remote = re.search(r"Resource '([^']*)' is not present in a registry", text)
+        remote = _REMOTE.search(text)
         if remote:
-            return GrammarError(
-                f"remote $ref {remote.group(1)!r} is not supported: weft does not fetch "
-                "referenced documents; put the referenced schema under $defs"
-            )
+            return GrammarError(remote_ref_refusal(remote.group(1)))
         if "too big" in text or "limit" in text or "fuel" in text:
             return GrammarError(f"{spec.kind} is too complex to compile: {text}")
         return GrammarError(f"invalid {spec.kind}: {text}")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 from weft.constrain.base import GrammarError
 
@@ -14,11 +16,24 @@ ANNOTATIONS = frozenset(
     "title description default examples $schema $id $comment $anchor deprecated readOnly "
     "writeOnly contentMediaType contentEncoding contentSchema".split()
 )
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+# Real subschema positions (never `enum`/`const`/`default`/`examples` data): maps of them, lists
+# of them, and single ones (or a list, for draft-07's array-form `items`). `dependencies` maps to a
+# schema or to a list of property names (not a dict: skipped).
+_SUBSCHEMA_MAPS = (
+    "properties",
+    "$defs",
+    "definitions",
+    "patternProperties",
+    "dependentSchemas",
+    "dependencies",
+)
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMAS = (
     "items",
+    "additionalItems",
     "additionalProperties",
+    "unevaluatedItems",
+    "unevaluatedProperties",
     "not",
     "if",
     "then",
@@ -29,20 +44,95 @@ _SUBSCHEMAS = (
 
 
 def walk(schema: Any) -> Iterator[dict[str, Any]]:
-    """Every (sub)schema object in `schema`, parents first."""
+    """Every (sub)schema object in `schema`, parents first (a parent's keywords are read after
+    it is yielded: a caller may delete keywords to keep the walk out of them)."""
     if not isinstance(schema, dict):
         return
     yield schema
+    for sub in subschemas(schema):
+        yield from walk(sub)
+
+
+def subschemas(schema: dict[str, Any]) -> Iterator[Any]:
+    """The direct subschemas of a schema object (boolean schemas included)."""
     for key in _SUBSCHEMA_MAPS:
-        for sub in (schema.get(key) or {}).values():
-            yield from walk(sub)
+        subs = schema.get(key)
+        if isinstance(subs, dict):
+            yield from subs.values()
     for key in _SUBSCHEMA_LISTS:
-        for sub in schema.get(key) or ():
-            yield from walk(sub)
+        subs = schema.get(key)
+        if isinstance(subs, list):
+            yield from subs
     for key in _SUBSCHEMAS:
         sub = schema.get(key)
-        for item in sub if isinstance(sub, list) else [sub]:
-            yield from walk(item)
+        yield from sub if isinstance(sub, list) else [sub]
+
+
+##### Schema surgery: what a backend cannot enforce, removed from a copy (and reported) #####
+
+# llguidance's base URI for a schema without an `$id` (what its registry errors name).
+DEFAULT_BASE_URI = "json-schema:///"
+
+
+def without_remote_refs(schema: dict[str, Any], uri: str) -> tuple[dict[str, Any], int]:
+    """(a copy of `schema` where no subschema has a `$ref` into the document `uri`, how many
+    `$ref`s were removed). Their sibling keywords stay; a subschema left empty accepts anything.
+
+    A `$ref` is resolved against the base URI in scope: the root's and every nested `$id` (`id`
+    in a draft-04 schema), over `DEFAULT_BASE_URI`; documents are compared without fragments, and
+    the ref as written (without its fragment) matches too.
+    """
+    schema = copy.deepcopy(schema)
+    target = _document(uri)
+    dialect = schema.get("$schema")
+    id_key = "id" if isinstance(dialect, str) and "draft-04" in dialect else "$id"
+    removed = 0
+
+    def visit(node: Any, base: str) -> None:
+        nonlocal removed
+        if not isinstance(node, dict):
+            return
+        if isinstance(node.get(id_key), str):
+            base = _resolve(base, node[id_key])
+        ref = node.get("$ref")
+        if isinstance(ref, str) and target in (_document(ref), _resolve(base, ref)):
+            del node["$ref"]
+            removed += 1
+        for sub in subschemas(node):
+            visit(sub, base)
+
+    visit(schema, DEFAULT_BASE_URI)
+    return schema, removed
+
+
+def _resolve(base: str, ref: str) -> str:
+    """The document `ref` refers to from `base` (urljoin, which does not know llguidance's
+    `json-schema:` scheme: it is resolved as `file:` is)."""
+    scheme = "json-schema:"
+    if base.startswith(scheme) and not urlsplit(ref).scheme:
+        return scheme + _document(urljoin("file:" + base[len(scheme) :], ref))[len("file:") :]
+    return _document(urljoin(base, ref))
+
+
+def _document(uri: str) -> str:
+    """`uri` without its fragment (NOTE: not urldefrag: it drops the `//` of an unknown scheme)."""
+    return uri.partition("#")[0]
+
+
+def without_patterns(
+    schema: dict[str, Any], compiles: Callable[[str], bool]
+) -> tuple[dict[str, Any], list[str]]:
+    """(a copy of `schema` without every subschema's string `pattern` that `compiles` rejects,
+    those patterns). `patternProperties` keys are left alone: dropping one would change which
+    properties are allowed, not just loosen a string."""
+    schema = copy.deepcopy(schema)
+    dropped: list[str] = []
+    for node in walk(schema):
+        pattern = node.get("pattern")
+        if isinstance(pattern, str) and not compiles(pattern):
+            del node["pattern"]
+            dropped.append(pattern)
+    return schema, list(dict.fromkeys(dropped))
 
 
 ##### llguidance: the library reports what it skipped #####

@@ -285,8 +285,9 @@ def test_an_unknown_dialect_is_reported_or_refused() -> None:
     )
 
 
-def test_a_remote_ref_is_refused_with_the_reason() -> None:
+def test_a_remote_ref_is_refused_with_the_reason_if_strict() -> None:
+    """Lenient drops it and reports it (test_llguidance_repairs.py)."""
     schema = {"type": "object", "properties": {"a": {"$ref": "https://example.com/other.json"}}}
     with pytest.raises(GrammarError, match="remote \\$ref 'https://example.com/other.json' is not "
                        "supported: weft does not fetch"):  # fmt: skip
-        backend("llguidance").compile(GrammarSpec.json_schema(schema))
+        backend("llguidance", strict=True).compile(GrammarSpec.json_schema(schema))
