@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import os
 import queue
 import re
 import threading
@@ -349,27 +350,37 @@ class _Job:
         self.error: BaseException | None = None
 
 
+def mask_threads(cpus: int) -> int:
+    """Prefetch threads for a host of `cpus` usable cores: one on a small machine (the scheduler
+    and the model need the rest), up to 8 on a large one, where 32+ constrained requests each
+    queue a mask per step and one thread would make the last of them wait for all the others."""
+    return max(1, min(8, (cpus - 2) // 2))
+
+
 class _MaskWorker:
-    """One daemon thread computing prefetched masks in submission order (started on first use).
+    """Daemon threads computing prefetched masks (started on first use). Each matcher has at most
+    one job in flight, so jobs of different matchers may run in any order and in parallel.
 
     llguidance drops the GIL inside its mask computation, so the caller's thread runs meanwhile.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
         self._jobs: queue.SimpleQueue[tuple[Any, ctypes.Array[ctypes.c_int32], _Job]] = (
             queue.SimpleQueue()
         )
-        self._thread: threading.Thread | None = None
+        self._started = False
         self._start_lock = threading.Lock()
 
     def submit(self, matcher: Any, out: ctypes.Array[ctypes.c_int32]) -> _Job:
         """Compute `matcher`'s next mask into `out` (the job keeps both alive until it is done)."""
-        if self._thread is None:
+        if not self._started:
             with self._start_lock:
-                if self._thread is None:
-                    thread = threading.Thread(target=self._run, name="llg-mask", daemon=True)
-                    thread.start()
-                    self._thread = thread
+                if not self._started:
+                    for k in range(self.threads):
+                        name = f"llg-mask-{k}"
+                        threading.Thread(target=self._run, name=name, daemon=True).start()
+                    self._started = True
         job = _Job()
         self._jobs.put((matcher, out, job))
         return job
@@ -386,4 +397,4 @@ class _MaskWorker:
             del matcher, out, job  # NOTE: drop references before blocking on the next job
 
 
-_MASK_WORKER = _MaskWorker()
+_MASK_WORKER = _MaskWorker(mask_threads(len(os.sched_getaffinity(0))))

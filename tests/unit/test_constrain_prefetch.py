@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 
+import pytest
 import torch
 from test_constrain_support import (
     STOP,
@@ -94,3 +95,34 @@ def test_copy_rollback_and_accept_while_a_prefetch_runs() -> None:
     assert torch.equal(row(a), row(b))
     assert a.accept_token(STOP) and b.accept_token(STOP) and a.is_terminated()
     assert torch.equal(row(a), row(b))
+
+
+def test_several_prefetch_threads_give_the_same_masks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many matchers advanced in lock step (a batch), their masks prefetched by 4 threads at once:
+    every mask equals the one computed without prefetch."""
+    from weft.constrain import llguidance_backend as llg
+
+    assert llg.mask_threads(2) == 1 and llg.mask_threads(16) == 7 and llg.mask_threads(64) == 8
+    pool = llg._MaskWorker(4)
+    monkeypatch.setattr(llg, "_MASK_WORKER", pool)
+    items = [(spec, text) for spec, texts in corpus()[:40] for text in texts[:1]]
+    pairs, ids = [], []
+    for spec, text in items:
+        try:
+            fast, slow = backend("llguidance").compile(spec), sync_backend().compile(spec)
+        except GrammarError:
+            continue
+        pairs.append((fast.matcher(), slow.matcher()))
+        ids.append([*encode(text), STOP])
+    assert len(pairs) >= 30
+    steps = 0
+    for t in range(max(map(len, ids))):
+        for (a, b), tokens in zip(pairs, ids, strict=True):
+            if t >= len(tokens) or a.is_terminated():
+                continue
+            mask = row(a)
+            assert torch.equal(mask, row(b)), (t, tokens)
+            steps += 1
+            if allowed(mask[None], tokens[t]):
+                assert a.accept_token(tokens[t]) and b.accept_token(tokens[t])
+    assert steps > 300 and pool._started
