@@ -4,6 +4,10 @@
 #                                             # per split count; step profiles at batch 1 and 64;
 #                                             # one batch vs the roofline; constrained batch 32
 #                                             # with the scheduler's mask-fill figures
+#   bash benchmarks/run_h200_small.sh mixed   # GPU tests (decode kernel, backends incl. a mixed
+#                                             # step, shared prefix); constrained batch 32 (mask
+#                                             # fill); 8B TP=1, 128 concurrent, mixed chunk off / on
+#   bash benchmarks/run_h200_small.sh offline # offline N x 1000/1000 (N=${NUM:-512}), mixed off / on
 # Logs under $OUT (or ./h200-logs).
 set -u
 OUT=${OUT:-h200-logs}; mkdir -p "$OUT"
@@ -21,5 +25,25 @@ case "${1:-}" in
     timeout "${CON_S:-120}" python3 offline.py --mode constrained --no-hf \
       --output-file "$OUT/constrained.json" 2>&1 | tee "$OUT/constrained.log" | grep "^|"
     ;;
-  *) echo "usage: $0 small" >&2; exit 2 ;;
+  mixed)
+    timeout 240 $PYTEST tests/gpu/test_kernels_cuda.py tests/gpu/test_attention_backends.py \
+      tests/gpu/test_shared_prefix_cuda.py 2>&1 | tail -3 | tee "$OUT/tests.log"
+    cd benchmarks
+    timeout "${CON_S:-120}" python3 offline.py --mode constrained --no-hf \
+      --output-file "$OUT/constrained.json" 2>&1 | tee "$OUT/constrained.log" | grep "^|"
+    for m in false true; do
+      timeout 150 python3 tp.py --config configs/llama-3.1-8b --tp 1 --num 128 --latency-tp \
+        --engine-arg enable_mixed_chunk=$m 2>&1 | tee "$OUT/tp1_mixed_$m.log" | grep "^|\|^\*\*"
+    done
+    ;;
+  offline)
+    cd benchmarks
+    big="--engine-arg max_running_requests=384 --engine-arg cuda_graph_max_bs=384"
+    for m in false true; do
+      timeout "${OFF_S:-200}" python3 offline.py --mode offline --num-prompts "${NUM:-512}" --no-hf \
+        $big --engine-arg enable_mixed_chunk=$m --output-file "$OUT/offline_$m.json" 2>&1 \
+        | tee "$OUT/offline_$m.log" | grep "^|\|copy band"
+    done
+    ;;
+  *) echo "usage: $0 small|mixed|offline" >&2; exit 2 ;;
 esac

@@ -27,16 +27,18 @@ from typing import Any
 import numpy as np
 import torch
 from bench_utils import copy_bandwidth, device_name, markdown_table, model_folder
+from offline_plan import parse_kv
 
 import weft
 
 
 def weight_bytes(cfg: dict[str, Any], dtype_bytes: int = 2) -> int:
+    """Weight bytes one decode step reads (all of them but the input embedding's other rows)."""
     h, i, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     d = cfg.get("head_dim") or h // cfg["num_attention_heads"]
     q, kv = cfg["num_attention_heads"] * d, cfg["num_key_value_heads"] * d
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
-    embed = cfg["vocab_size"] * h * (1 if cfg.get("tie_word_embeddings") else 2)
+    embed = cfg["vocab_size"] * h  # lm_head; of the input embedding a step reads only its rows
     return (layers * per_layer + embed + h) * dtype_bytes
 
 
@@ -99,7 +101,7 @@ def start_engine(folder: Path, tp: int, args: argparse.Namespace, batch: int) ->
         kwargs["disable_cuda_graph"] = args.eager
     else:
         kwargs["cpu_threads"] = 1
-    return weft.Engine(str(folder), **kwargs)
+    return weft.Engine(str(folder), **{**kwargs, **parse_kv(args.engine_arg)})
 
 
 def throughput_part(
@@ -183,6 +185,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency-output-len", type=int, default=256)
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--eager", action="store_true", help="CUDA: no CUDA graphs")
+    p.add_argument(
+        "--engine-arg", action="append", default=[], help="KEY=VALUE: an EngineConfig field"
+    )
     return p.parse_args(argv)
 
 

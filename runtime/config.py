@@ -46,6 +46,9 @@ class EngineConfig:
     tp_size: int = 1  # tensor parallelism: one scheduler process per rank (GPU r, or CPU + gloo)
     max_prefill_tokens: int = 8192  # token budget of one prefill batch
     chunked_prefill_size: int = 4096  # prompts longer than this are prefilled in chunks; 0: off
+    # a prefill step also runs one token of every running request (they decode instead of
+    # waiting for the prefill step to end); the prefill budget shrinks by their number
+    enable_mixed_chunk: bool = False
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
     disable_radix_cache: bool = False
     attention_backend: str = "auto"

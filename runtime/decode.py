@@ -1,4 +1,5 @@
-"""The decode set: the new tokens of every running request, retracting some when the KV pool is full."""
+"""The decode set: the new tokens of every running request, retracting some when the KV pool is full,
+or riding along in a prefill batch (mixed chunked prefill)."""
 
 from __future__ import annotations
 
@@ -33,12 +34,26 @@ def retract_for_decode(running: list[Req], cache: KVCacheManager) -> list[Req]:
 def build_decode_batch(running: list[Req], cache: KVCacheManager) -> Batch:
     """Slots for each running request's new tokens: its last sampled token, plus any tokens a
     grammar forced after it (jump-forward). Callers retract first, so this cannot fail."""
+    lens = _alloc_next_tokens(running, cache)
+    mode = ForwardMode.DECODE if all(n == 1 for n in lens) else ForwardMode.EXTEND
+    return Batch(mode, list(running), lens)
+
+
+def mix_decode(prefill: Batch, running: list[Req], cache: KVCacheManager) -> Batch:
+    """`prefill` with the running requests' next tokens appended, after its own requests (so the
+    attention backend finds the 1-token requests at the end), when their slots fit without
+    retracting anyone; otherwise `prefill` alone (they decode in the next step, as unmixed)."""
+    if not running or pages_for_decode(running, cache) * cache.page_size > cache.available_tokens:
+        return prefill
+    lens = _alloc_next_tokens(running, cache)
+    return Batch(ForwardMode.EXTEND, prefill.reqs + running, prefill.extend_lens + lens)
+
+
+def _alloc_next_tokens(running: list[Req], cache: KVCacheManager) -> list[int]:
     lens = [r.extend_len for r in running]
-    one_each = all(n == 1 for n in lens)
-    if one_each:
+    if all(n == 1 for n in lens):
         ok = cache.alloc_decode(running)
     else:
         ok = all(cache.alloc(req, n) for req, n in zip(running, lens, strict=True))
-    assert ok, "decode allocation failed after retraction"
-    mode = ForwardMode.DECODE if one_each else ForwardMode.EXTEND
-    return Batch(mode, list(running), lens)
+    assert ok, "decode allocation failed after the pages were checked"
+    return lens

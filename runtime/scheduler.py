@@ -12,7 +12,12 @@ from weft.radix import NoCache, PrefixCache, RadixCache
 from weft.runtime.batch import Batch, ForwardMode
 from weft.runtime.cache_manager import KVCacheManager
 from weft.runtime.config import EngineConfig
-from weft.runtime.decode import build_decode_batch, pages_for_decode, retract_for_decode
+from weft.runtime.decode import (
+    build_decode_batch,
+    mix_decode,
+    pages_for_decode,
+    retract_for_decode,
+)
 from weft.runtime.distributed import Inbox, TPGroup, batch_digest, init_tp_group
 from weft.runtime.finish import check_finish, jump_forward, token_out
 from weft.runtime.grammar import GrammarQueue
@@ -73,6 +78,7 @@ class Scheduler(RequestIntake):
             "prompt_tokens": 0,
             "cached_tokens": 0,
             "overlapped_steps": 0,  # launched while the step before was still in flight
+            "mixed_steps": 0,  # prefill steps that also decoded running requests
         }
         self.checked_idle = True
         scale = 1 if self.is_leader else FOLLOWER_GRAMMAR_TIMEOUT_SCALE
@@ -185,9 +191,13 @@ class Scheduler(RequestIntake):
     def pick_batch(self) -> Batch | None:
         batch = self.schedule_prefill()
         if batch is not None:
-            return batch
-        if self.inflight is not None:  # overlap: those whose last token ends them sit this out
-            going = [r for r in self.running if r.remaining_new_tokens > 0]
+            if not self.config.enable_mixed_chunk:
+                return batch
+            mixed = mix_decode(batch, self.decoding(), self.cache)
+            self.stats["mixed_steps"] += len(mixed.reqs) > len(batch.reqs)
+            return mixed
+        if self.inflight is not None:
+            going = self.decoding()
             retracted: list[Req] = []  # can_continue checked that one more token fits
         else:
             retracted = retract_for_decode(self.running, self.cache)
@@ -203,13 +213,21 @@ class Scheduler(RequestIntake):
             )
         return build_decode_batch(going, self.cache) if going else None
 
+    def decoding(self) -> list[Req]:
+        """The running requests that run a token next (overlap: those whose token in flight is
+        their last sit out)."""
+        if self.inflight is None:
+            return list(self.running)
+        return [r for r in self.running if r.remaining_new_tokens > 0]
+
     def schedule_prefill(self) -> Batch | None:
         if not self.waiting and self.chunked is None:
             return None
         free_rows = self.config.max_running_requests - len(self.running)
+        mixed = len(self.running) if self.config.enable_mixed_chunk else 0  # decode tokens too
         adder = PrefillAdder(
             cache=self.cache,
-            token_budget=self.config.max_prefill_tokens,
+            token_budget=max(self.config.max_prefill_tokens - mixed, 1),
             chunk_size=self.config.chunked_prefill_size,
             max_new_reqs=free_rows,
             reserved=decode_reserve(self.running, self.new_token_ratio),
@@ -311,8 +329,8 @@ class Scheduler(RequestIntake):
                     jump_forward(req, self.info.eos_ids)
             if req.finished:
                 self.cache.cache_req(req, release=True)
-            elif batch.mode == ForwardMode.EXTEND:
-                self.cache.cache_req(req, release=False)
+            elif batch.mode == ForwardMode.EXTEND and id(req) not in was_running:
+                self.cache.cache_req(req, release=False)  # its prompt, for others to share
             if req.finished or req.stream:
                 report.append(req)
         self.running = [r for r in self.running + joined if not r.finished]

@@ -26,6 +26,7 @@ _HELP = {
     "tp_size": "tensor parallelism: ranks (GPUs, or gloo processes on CPU) sharing the model",
     "max_prefill_tokens": "token budget of one prefill batch",
     "chunked_prefill_size": "prefill long prompts in chunks of this many tokens; 0 = off",
+    "enable_mixed_chunk": "prefill steps also decode one token of each running request",
     "schedule_policy": "fcfs or lpm (longest cached prefix first)",
     "disable_radix_cache": "turn prefix caching off",
     "attention_backend": "auto (triton on CUDA, torch on CPU), triton, flashinfer or torch",

@@ -100,10 +100,23 @@ class TritonAttentionBackend(AttentionBackend):
                 batch.batch_size, self.pool.num_kv_heads, max(walks), self.num_sms
             )
         else:
-            ext = batch.extend_lens
-            self.prefix_lens = batch.seq_lens - ext
+            # NOTE: the 1-token requests at the end (a mixed batch's decodes) take the decode
+            # kernel, which reads a kv head's keys once for its q heads (extend: once per q head)
+            lens = batch.extend_lens_cpu
+            p = len(lens)
+            while p > 1 and lens[p - 1] == 1:
+                p -= 1
+            self.num_extend, self.extend_tokens = p, sum(lens[:p])
+            if p < len(lens):
+                longest = max(batch.seq_lens_cpu[p:])
+                tail = len(lens) - p
+                self.num_kv_splits = decode_num_kv_splits(
+                    tail, self.pool.num_kv_heads, longest, self.num_sms
+                )
+            ext = batch.extend_lens[:p]
+            self.prefix_lens = batch.seq_lens[:p] - ext
             self.extend_start = torch.cumsum(ext, 0) - ext
-            self.max_extend = max(batch.extend_lens_cpu)
+            self.max_extend = max(lens[:p])
 
     def forward(
         self,
@@ -133,21 +146,34 @@ class TritonAttentionBackend(AttentionBackend):
                 shared=self.shared,
             )
         else:
+            p, t = self.num_extend, self.extend_tokens
             extend_attention(
-                q,
-                k,
-                v,
+                q[:t],
+                k[:t],
+                v[:t],
                 k_buf,
                 v_buf,
                 self.req_to_token,
-                batch.req_rows,
+                batch.req_rows[:p],
                 self.prefix_lens,
-                batch.extend_lens,
+                batch.extend_lens[:p],
                 self.extend_start,
-                out,
+                out[:t],
                 scale,
                 max_extend_len=self.max_extend,
             )
+            if t < q.shape[0]:  # the decodes after them
+                decode_attention(
+                    q[t:],
+                    k_buf,
+                    v_buf,
+                    self.req_to_token,
+                    batch.req_rows[p:],
+                    batch.seq_lens[p:],
+                    out[t:],
+                    scale,
+                    self.num_kv_splits,
+                )
         return out
 
     ##### Internal Helper Functions #####

@@ -1,5 +1,6 @@
 """Every attention backend on CUDA gives the torch backend's logits (bf16 tolerance) through ragged
-prefills over cached prefixes and decode steps, with page sizes 1 and 16. Skipped without CUDA."""
+prefills over cached prefixes, a mixed step and decode steps, with page sizes 1 and 16. Skipped
+without CUDA."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def make_model() -> torch.nn.Module:
 
 
 def run_schedule(model: torch.nn.Module, backend: str, page_size: int) -> list[torch.Tensor]:
-    """Three requests: ragged prefills in two chunks, then 3 decode steps; logits of each step."""
+    """Three requests: ragged prefills in two chunks, a mixed step (one extends, two decode),
+    then 2 decode steps; logits of each step."""
     torch.manual_seed(0)
     lens = [300, 37, 129]
     pool = KVPool(4096, 2, 2, 128, torch.bfloat16, "cuda")
@@ -53,11 +55,14 @@ def run_schedule(model: torch.nn.Module, backend: str, page_size: int) -> list[t
         table.table[row, : len(pages) * page_size] = alloc.page_slots(pages)
     attn = create_attention_backend(backend, "cuda", pool, table.table, page_size)
     gen = torch.Generator().manual_seed(1)
-    tokens = [torch.randint(0, 1024, (n + 3,), generator=gen) for n in lens]
+    tokens = [torch.randint(0, 1024, (n + 6,), generator=gen) for n in lens]
     rows = torch.tensor([0, 1, 2], device="cuda")
     outs = []
     steps = [[(0, n // 2) for n in lens], [(n // 2, n) for n in lens]]
-    steps += [[(n + i, n + i + 1) for n in lens] for i in range(3)]
+    # a mixed step (enable_mixed_chunk): request 0 extends 3 tokens, the others decode one
+    steps.append([(n, n + (3 if r == 0 else 1)) for r, n in enumerate(lens)])
+    starts = [n + (3 if r == 0 else 1) for r, n in enumerate(lens)]
+    steps += [[(s + i, s + i + 1) for s in starts] for i in range(2)]
     for spans in steps:
         ids = torch.cat([t[s:e] for t, (s, e) in zip(tokens, spans, strict=True)]).cuda()
         pos = torch.cat([torch.arange(s, e) for s, e in spans]).cuda()
