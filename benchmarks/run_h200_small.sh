@@ -7,7 +7,8 @@
 #   bash benchmarks/run_h200_small.sh mixed   # GPU tests (decode kernel, backends incl. a mixed
 #                                             # step, shared prefix); constrained batch 32 (mask
 #                                             # fill); 8B TP=1, 128 concurrent, mixed chunk off / on
-#   bash benchmarks/run_h200_small.sh offline # offline N x 1000/1000 (N=${NUM:-512}), mixed off / on
+#   bash benchmarks/run_h200_small.sh offline # 8B TP=1 128 concurrent, mixed on; offline
+#                                             # N x 1000/1000 (N=${NUM:-512}), mixed off / on
 # Logs under $OUT (or ./h200-logs).
 set -u
 OUT=${OUT:-h200-logs}; mkdir -p "$OUT"
@@ -38,6 +39,8 @@ case "${1:-}" in
     ;;
   offline)
     cd benchmarks
+    timeout 150 python3 tp.py --config configs/llama-3.1-8b --tp 1 --num 128 --latency-tp \
+      --engine-arg enable_mixed_chunk=true 2>&1 | tee "$OUT/tp1_mixed_true.log" | grep "^| 128"
     big="--engine-arg max_running_requests=384 --engine-arg cuda_graph_max_bs=384"
     for m in false true; do
       timeout "${OFF_S:-200}" python3 offline.py --mode offline --num-prompts "${NUM:-512}" --no-hf \

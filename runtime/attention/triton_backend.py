@@ -52,13 +52,19 @@ class TritonAttentionBackend(AttentionBackend):
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
         self._static: tuple[torch.Tensor, ...] | None = None
 
-    def prepare_graph(self, batch: ForwardBatch, shared: bool = False) -> None:
-        # the longest possible context fixes the split count, so one graph serves every length
-        # (splits past a request's length are skipped by the kernel)
-        self.decode = True
+    def _splits(self, batch_size: int) -> int:
+        """Decode splits for a batch size. The longest possible context fixes the count (each
+        split's length follows its request's at run time), so one graph serves every length, and
+        eager steps use the kernel variants that graph capture compiled (NOTE: a split count met
+        first mid-run costs a Triton compile, ~1 s, inside that step)."""
         context = self.req_to_token.shape[1]
+        return decode_num_kv_splits(batch_size, self.pool.num_kv_heads, context, self.num_sms)
+
+    def prepare_graph(self, batch: ForwardBatch, shared: bool = False) -> None:
+        self.decode = True
         bs = batch.batch_size
-        self.num_kv_splits = decode_num_kv_splits(bs, self.pool.num_kv_heads, context, self.num_sms)
+        self.num_kv_splits = self._splits(bs)
+        context = self.req_to_token.shape[1]
         self.kv_starts, self.shared = None, None
         if not shared:
             return
@@ -91,14 +97,9 @@ class TritonAttentionBackend(AttentionBackend):
         self.decode = all(n == 1 for n in batch.extend_lens_cpu)
         self.kv_starts, self.shared = None, None
         if self.decode:
-            walks = batch.seq_lens_cpu
             if self.shared_prefix and batch.shared is not None:
-                plan = batch.shared
-                walks = [s - k for s, k in zip(walks, plan.kv_starts, strict=True)]
-                self.kv_starts, self.shared = self._eager_plan(plan)
-            self.num_kv_splits = decode_num_kv_splits(
-                batch.batch_size, self.pool.num_kv_heads, max(walks), self.num_sms
-            )
+                self.kv_starts, self.shared = self._eager_plan(batch.shared)
+            self.num_kv_splits = self._splits(batch.batch_size)
         else:
             # NOTE: the 1-token requests at the end (a mixed batch's decodes) take the decode
             # kernel, which reads a kv head's keys once for its q heads (extend: once per q head)
@@ -108,11 +109,7 @@ class TritonAttentionBackend(AttentionBackend):
                 p -= 1
             self.num_extend, self.extend_tokens = p, sum(lens[:p])
             if p < len(lens):
-                longest = max(batch.seq_lens_cpu[p:])
-                tail = len(lens) - p
-                self.num_kv_splits = decode_num_kv_splits(
-                    tail, self.pool.num_kv_heads, longest, self.num_sms
-                )
+                self.num_kv_splits = self._splits(len(lens) - p)
             ext = batch.extend_lens[:p]
             self.prefix_lens = batch.seq_lens[:p] - ext
             self.extend_start = torch.cumsum(ext, 0) - ext
