@@ -126,6 +126,7 @@ def profile_scheduler(args: argparse.Namespace) -> None:
         context_length=args.input_len + args.output_len + 64,
         max_running_requests=args.max_running,
         cuda_graph_max_bs=args.max_running,
+        enable_mixed_chunk=args.mixed,
     )
     sched = Scheduler(config, folder, channel=None)
     gen = torch.Generator().manual_seed(0)
@@ -154,6 +155,9 @@ def profile_scheduler(args: argparse.Namespace) -> None:
     total = time.perf_counter() - t_start
     out_tokens = args.num_prompts * args.output_len
     print(f"{len(steps)} steps in {total:.2f} s: {out_tokens / total:.0f} output tok/s")
+    print("first steps (mode, requests, ms schedule / launch / results):")
+    for mode, n, *ms in steps[:24]:
+        print(f"  {mode} {n}: " + " / ".join(f"{x:.1f}" for x in ms))
     for mode in ("EXTEND", "DECODE"):
         rows = [s for s in steps if s[0] == mode]
         if rows:
@@ -201,6 +205,7 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=None, help="default: the device's")
     ap.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8_e4m3")
     ap.add_argument("--cprofile", action="store_true", help="cProfile the scheduler's host work")
+    ap.add_argument("--mixed", action="store_true", help="enable_mixed_chunk (mixed prefill steps)")
     args = ap.parse_args()
     if args.what == "runner":
         profile_runner(args)

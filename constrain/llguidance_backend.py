@@ -1,9 +1,9 @@
 """llguidance backend: JSON schema, regex, Lark/GBNF and choices via an Earley parser over a lazy lexer.
 
 Mask prefetch: when a matcher is created, and right after it accepts a token, a state with no
-forced continuation has its mask computed on a background thread (llguidance drops the GIL while
-it computes) into the matcher's own buffer; `fill_bitmask` then waits for it, if it is still
-running, and copies it.
+forced continuation has its mask computed on a background thread (llguidance_prefetch: the masks
+queued meanwhile in one call of the library's parallel executor, without the GIL) into the
+matcher's own buffer; `fill_bitmask` then waits for it, if it is still running, and copies it.
 The mask is the library's own for the same state, so prefetching never changes a mask: it moves
 the work off the caller's path (the scheduler fills masks a model step after the accept), at the
 price of a thread handoff in accept_token (~10-30 us on a 2-core VM; see BENCHMARKS.md).
@@ -14,16 +14,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
-import os
-import queue
 import re
-import threading
 from typing import Any
 
 import llguidance
 import llguidance.hf
 import torch
 
+from weft.constrain import llguidance_prefetch
 from weft.constrain.base import (
     STRICT_NOTE,
     CompiledGrammar,
@@ -256,7 +254,9 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._m = matcher
         self._prefetch = prefetch
         self._next: ctypes.Array[ctypes.c_int32] | None = None  # prefetched mask, once allocated
-        self._job: _Job | None = None  # a prefetch in flight (or finished, not yet joined)
+        self._job: llguidance_prefetch.Job | None = (
+            None  # a prefetch in flight (or finished, not joined)
+        )
         self._ready = False  # `_next` holds the mask of the current state
         self._filled = False  # a fill has delivered the current state's mask
         self._forced: list[int] | None = None  # forced tokens of the current state, if known
@@ -325,7 +325,7 @@ class LLGuidanceMatcher(GrammarMatcher):
     def _start_prefetch(self) -> None:
         if self._next is None:
             self._next = (ctypes.c_int32 * self._space.words)()
-        self._job = _MASK_WORKER.submit(self._m, self._next)
+        self._job = llguidance_prefetch.MASK_WORKER.submit(self._m, self._next)
 
     def _join(self) -> None:
         """Wait for the prefetch in flight, if any; `_next` then holds the current state's mask."""
@@ -337,64 +337,3 @@ class LLGuidanceMatcher(GrammarMatcher):
         if job.error is not None:
             raise job.error
         self._ready = True
-
-
-class _Job:
-    """One mask computation: `done` is held until the worker has written the mask."""
-
-    __slots__ = ("done", "error")
-
-    def __init__(self) -> None:
-        self.done = threading.Lock()
-        self.done.acquire()
-        self.error: BaseException | None = None
-
-
-def mask_threads(cpus: int) -> int:
-    """Prefetch threads for a host of `cpus` usable cores: one on a small machine (the scheduler
-    and the model need the rest), up to 8 on a large one, where 32+ constrained requests each
-    queue a mask per step and one thread would make the last of them wait for all the others."""
-    return max(1, min(8, (cpus - 2) // 2))
-
-
-class _MaskWorker:
-    """Daemon threads computing prefetched masks (started on first use). Each matcher has at most
-    one job in flight, so jobs of different matchers may run in any order and in parallel.
-
-    llguidance drops the GIL inside its mask computation, so the caller's thread runs meanwhile.
-    """
-
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
-        self._jobs: queue.SimpleQueue[tuple[Any, ctypes.Array[ctypes.c_int32], _Job]] = (
-            queue.SimpleQueue()
-        )
-        self._started = False
-        self._start_lock = threading.Lock()
-
-    def submit(self, matcher: Any, out: ctypes.Array[ctypes.c_int32]) -> _Job:
-        """Compute `matcher`'s next mask into `out` (the job keeps both alive until it is done)."""
-        if not self._started:
-            with self._start_lock:
-                if not self._started:
-                    for k in range(self.threads):
-                        name = f"llg-mask-{k}"
-                        threading.Thread(target=self._run, name=name, daemon=True).start()
-                    self._started = True
-        job = _Job()
-        self._jobs.put((matcher, out, job))
-        return job
-
-    def _run(self) -> None:
-        while True:
-            matcher, out, job = self._jobs.get()
-            try:
-                matcher.unsafe_compute_mask_ptr(ctypes.addressof(out), ctypes.sizeof(out))
-            except BaseException as e:  # noqa: BLE001 - handed to the matcher's thread
-                job.error = e
-            finally:
-                job.done.release()
-            del matcher, out, job  # NOTE: drop references before blocking on the next job
-
-
-_MASK_WORKER = _MaskWorker(mask_threads(len(os.sched_getaffinity(0))))

@@ -110,6 +110,10 @@ class TritonAttentionBackend(AttentionBackend):
             self.num_extend, self.extend_tokens = p, sum(lens[:p])
             if p < len(lens):
                 self.num_kv_splits = self._splits(len(lens) - p)
+                # NOTE: fresh copies, not views at an odd offset: Triton specializes a kernel on
+                # its pointers' 16-byte alignment, so a view would compile new variants mid-run
+                self.tail_rows = batch.req_rows[p:].clone()
+                self.tail_lens = batch.seq_lens[p:].clone()
             ext = batch.extend_lens[:p]
             self.prefix_lens = batch.seq_lens[:p] - ext
             self.extend_start = torch.cumsum(ext, 0) - ext
@@ -165,8 +169,8 @@ class TritonAttentionBackend(AttentionBackend):
                     k_buf,
                     v_buf,
                     self.req_to_token,
-                    batch.req_rows[p:],
-                    batch.seq_lens[p:],
+                    self.tail_rows,
+                    self.tail_lens,
                     out[t:],
                     scale,
                     self.num_kv_splits,

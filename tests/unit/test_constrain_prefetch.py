@@ -97,14 +97,16 @@ def test_copy_rollback_and_accept_while_a_prefetch_runs() -> None:
     assert torch.equal(row(a), row(b))
 
 
-def test_several_prefetch_threads_give_the_same_masks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Many matchers advanced in lock step (a batch), their masks prefetched by 4 threads at once:
-    every mask equals the one computed without prefetch."""
-    from weft.constrain import llguidance_backend as llg
+def test_batched_prefetch_gives_the_same_masks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many matchers advanced in lock step (a batch): their prefetches queue together and run as
+    batches of the library's executor on 4 threads; every mask equals the one computed without
+    prefetch."""
+    from weft.constrain import llguidance_prefetch as prefetch
 
-    assert llg.mask_threads(2) == 1 and llg.mask_threads(16) == 7 and llg.mask_threads(64) == 8
-    pool = llg._MaskWorker(4)
-    monkeypatch.setattr(llg, "_MASK_WORKER", pool)
+    assert prefetch.mask_threads(2) == 1 and prefetch.mask_threads(16) == 7
+    assert prefetch.mask_threads(64) == 8
+    worker = prefetch.MaskWorker(4)
+    monkeypatch.setattr(prefetch, "MASK_WORKER", worker)
     items = [(spec, text) for spec, texts in corpus()[:40] for text in texts[:1]]
     pairs, ids = [], []
     for spec, text in items:
@@ -125,4 +127,4 @@ def test_several_prefetch_threads_give_the_same_masks(monkeypatch: pytest.Monkey
             steps += 1
             if allowed(mask[None], tokens[t]):
                 assert a.accept_token(tokens[t]) and b.accept_token(tokens[t])
-    assert steps > 300 and pool._started
+    assert steps > 300 and worker.batches > 0, (steps, worker.batches)
