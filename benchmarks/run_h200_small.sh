@@ -9,6 +9,8 @@
 #                                             # fill); 8B TP=1, 128 concurrent, mixed chunk off / on
 #   bash benchmarks/run_h200_small.sh offline # 8B TP=1 128 concurrent, mixed on; offline
 #                                             # N x 1000/1000 (N=${NUM:-512}), mixed off / on
+#   bash benchmarks/run_h200_small.sh verify  # the first steps of a mixed run; constrained batch
+#                                             # 32 (mask fill); 8B TP=1 128 concurrent, mixed on
 # Logs under $OUT (or ./h200-logs).
 set -u
 OUT=${OUT:-h200-logs}; mkdir -p "$OUT"
@@ -48,5 +50,14 @@ case "${1:-}" in
         | tee "$OUT/offline_$m.log" | grep "^|\|copy band"
     done
     ;;
-  *) echo "usage: $0 small|mixed|offline" >&2; exit 2 ;;
+  verify)
+    cd benchmarks
+    timeout 100 python3 profile_step.py scheduler --num-prompts 128 --input-len 1000 \
+      --output-len 64 --max-running 128 --mixed 2>&1 | grep -A18 "^first steps" | head -18
+    timeout "${CON_S:-120}" python3 offline.py --mode constrained --no-hf \
+      --output-file "$OUT/constrained.json" 2>&1 | tee "$OUT/constrained.log" | grep "^| constr"
+    timeout 150 python3 tp.py --config configs/llama-3.1-8b --tp 1 --num 128 --latency-tp \
+      --engine-arg enable_mixed_chunk=true 2>&1 | tee "$OUT/tp1_mixed_true.log" | grep "^| 128"
+    ;;
+  *) echo "usage: $0 small|mixed|offline|verify" >&2; exit 2 ;;
 esac
