@@ -30,9 +30,11 @@ def mask_threads(cpus: int) -> int:
 
 
 class MaskWorker:
-    """One daemon thread (started on first use) that takes every job queued so far and computes
-    their masks in one call of the library's executor: in parallel on its own threads, without
-    the GIL, then copied to each job's buffer. Each matcher has at most one job in flight.
+    """One daemon thread (started on first use) that takes the jobs queued so far, up to one per
+    executor thread, and computes their masks in one call of the library's executor: in parallel
+    on its own threads, without the GIL, then copied to each job's buffer. Each matcher has at
+    most one job in flight. (One call for the whole queue made a fill wait for all of it: p99
+    689 us on the H200 host at batch 32.)
 
     NOTE: one Python thread, not several: Python threads that each wake per mask contend for the
     GIL with the scheduler thread (measured on the H200 host: 7 threads took the scheduler's
@@ -60,11 +62,13 @@ class MaskWorker:
         return job
 
     def _run(self) -> None:
-        executor = llguidance.LLExecutor(num_threads=self.threads)
+        # one thread: each mask computed directly (the executor's handoff costs ~30 us per call
+        # on a 2-core VM)
+        executor = llguidance.LLExecutor(num_threads=self.threads) if self.threads > 1 else None
         while True:
             jobs = [self._jobs.get()]
-            while True:
-                try:
+            while len(jobs) < self.threads:  # NOTE: a round per thread count: jobs are released
+                try:  # as each round ends, in queue order, so the first fills wait least
                     jobs.append(self._jobs.get_nowait())
                 except queue.Empty:
                     break
@@ -78,7 +82,7 @@ class MaskWorker:
     def _compute(
         self, executor: Any, jobs: list[tuple[Any, ctypes.Array[ctypes.c_int32], Job]]
     ) -> None:
-        if len(jobs) > 1:
+        if executor is not None and len(jobs) > 1:
             nbytes = ctypes.sizeof(jobs[0][1])
             arena = (ctypes.c_byte * (nbytes * len(jobs)))()
             base = ctypes.addressof(arena)
