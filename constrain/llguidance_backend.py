@@ -1,9 +1,9 @@
 """llguidance backend: JSON schema, regex, Lark/GBNF and choices via an Earley parser over a lazy lexer.
 
 Mask prefetch: when a matcher is created, and right after it accepts a token, a state with no
-forced continuation has its mask computed on a background thread (llguidance_prefetch: the masks
-queued meanwhile in one call of the library's parallel executor, without the GIL) into the
-matcher's own buffer; `fill_bitmask` then waits for it, if it is still running, and copies it.
+forced continuation has its mask computed on a background thread (llguidance_prefetch; the library
+drops the GIL while it computes) into the matcher's own buffer; `fill_bitmask` then waits for it,
+if it is still running, and copies it.
 The mask is the library's own for the same state, so prefetching never changes a mask: it moves
 the work off the caller's path (the scheduler fills masks a model step after the accept), at the
 price of a thread handoff in accept_token (~10-30 us on a 2-core VM; see BENCHMARKS.md).
