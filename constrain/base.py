@@ -136,6 +136,8 @@ class GrammarMatcher(ABC):
         if self._stops or self.error() is not None:
             space.allow_only_stops(row_ptr)
             return
+        if self._fill_final(row_ptr):
+            return
         self._fill_content(row_ptr)
         space.mask_non_content(row_ptr)
         if self._can_end():
@@ -198,6 +200,11 @@ class GrammarMatcher(ABC):
         return None
 
     ##### Backend hooks (ordinary tokens only) #####
+
+    def _fill_final(self, row_ptr: int) -> bool:
+        """Write the whole row (stops and non-content handled, as below) if the backend already
+        has it, e.g. prefetched; False: the row is built from the hooks below."""
+        return False
 
     @abstractmethod
     def _fill_content(self, row_ptr: int) -> None:

@@ -257,7 +257,7 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._job: llguidance_prefetch.Job | None = (
             None  # a prefetch in flight (or finished, not joined)
         )
-        self._ready = False  # `_next` holds the mask of the current state
+        self._ready = False  # `_next` holds the mask of the current state, finished (a row)
         self._filled = False  # a fill has delivered the current state's mask
         self._forced: list[int] | None = None  # forced tokens of the current state, if known
         self._prefetch_if_unforced()  # the first mask too: a prefill runs before its fill
@@ -269,14 +269,20 @@ class LLGuidanceMatcher(GrammarMatcher):
             return None
         return str(self._m.get_error()) if self._m.is_error() else None
 
+    def _fill_final(self, row_ptr: int) -> bool:
+        """A prefetched mask is a finished row (the worker cleared non-content bits and added
+        the stops where the grammar may end): one copy, no call into the library here."""
+        self._join()
+        if not self._ready:
+            return False
+        assert self._next is not None
+        ctypes.memmove(row_ptr, ctypes.addressof(self._next), self._space.words * 4)
+        self._filled = True
+        return True
+
     def _fill_content(self, row_ptr: int) -> None:
         self._join()
-        nbytes = self._space.words * 4
-        if self._ready:
-            assert self._next is not None
-            ctypes.memmove(row_ptr, ctypes.addressof(self._next), nbytes)
-        else:
-            self._m.unsafe_compute_mask_ptr(row_ptr, nbytes)
+        self._m.unsafe_compute_mask_ptr(row_ptr, self._space.words * 4)
         self._filled = True
 
     def _can_end(self) -> bool:
@@ -325,7 +331,16 @@ class LLGuidanceMatcher(GrammarMatcher):
     def _start_prefetch(self) -> None:
         if self._next is None:
             self._next = (ctypes.c_int32 * self._space.words)()
-        self._job = llguidance_prefetch.MASK_WORKER.submit(self._m, self._next)
+        self._job = llguidance_prefetch.MASK_WORKER.submit(self._m, self._next, self._finish)
+
+    def _finish(self, address: int) -> None:
+        """On the worker thread, right after the mask: make it the final row (see _fill_final;
+        NOTE: the library's state is the one the mask was computed for, as nothing touches
+        the matcher while its job runs)."""
+        space = self._space
+        space.mask_non_content(address)
+        if self._m.is_accepting():
+            space.allow_stops(address)
 
     def _join(self) -> None:
         """Wait for the prefetch in flight, if any; `_next` then holds the current state's mask."""

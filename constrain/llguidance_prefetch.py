@@ -5,7 +5,10 @@ from __future__ import annotations
 import ctypes
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
+
+Finish = Callable[[int], None]  # runs on the worker thread with the mask's address
 
 
 class Job:
@@ -30,14 +33,15 @@ class MaskWorker:
     """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Any, ctypes.Array[ctypes.c_int32], Job]] = (
+        self._jobs: queue.SimpleQueue[tuple[Any, ctypes.Array[ctypes.c_int32], Finish, Job]] = (
             queue.SimpleQueue()
         )
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    def submit(self, matcher: Any, out: ctypes.Array[ctypes.c_int32]) -> Job:
-        """Compute `matcher`'s next mask into `out` (the job keeps both alive until it is done)."""
+    def submit(self, matcher: Any, out: ctypes.Array[ctypes.c_int32], finish: Finish) -> Job:
+        """Compute `matcher`'s next mask into `out`, then call `finish(address of out)` on this
+        thread (the job keeps all three alive until it is done)."""
         if self._thread is None:
             with self._start_lock:
                 if self._thread is None:
@@ -45,19 +49,21 @@ class MaskWorker:
                     thread.start()
                     self._thread = thread
         job = Job()
-        self._jobs.put((matcher, out, job))
+        self._jobs.put((matcher, out, finish, job))
         return job
 
     def _run(self) -> None:
         while True:
-            matcher, out, job = self._jobs.get()
+            matcher, out, finish, job = self._jobs.get()
             try:
-                matcher.unsafe_compute_mask_ptr(ctypes.addressof(out), ctypes.sizeof(out))
+                address = ctypes.addressof(out)
+                matcher.unsafe_compute_mask_ptr(address, ctypes.sizeof(out))
+                finish(address)
             except BaseException as e:  # noqa: BLE001 - handed to the matcher's thread
                 job.error = e
             finally:
                 job.done.release()
-            del matcher, out, job  # NOTE: drop references before blocking on the next job
+            del matcher, out, finish, job  # NOTE: drop references before the next job
 
 
 MASK_WORKER = MaskWorker()
