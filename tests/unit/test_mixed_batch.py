@@ -36,7 +36,11 @@ def params_mix() -> list[SamplingParams]:
 
 
 @pytest.mark.parametrize("overlap", ["off", "on"])
-@pytest.mark.parametrize("extra", [{}, {"disable_jump_forward": True}, {"max_total_tokens": 160}])
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"disable_jump_forward": True}, {"max_total_tokens": 160}, {"disable_radix_cache": True}],
+    ids=["plain", "no-jump-forward", "retraction", "no-radix-cache"],
+)
 def test_mixed_steps_give_the_unmixed_outputs(
     tiny_model_dir: Path, overlap: str, extra: dict[str, Any]
 ) -> None:
