@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import types
+import typing
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -71,6 +73,7 @@ class EngineConfig:
     log_level: str = "warning"
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.load_format == "dummy" and self.model is None:
@@ -147,12 +150,26 @@ class EngineConfig:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
-        """Build from keyword arguments, naming any unknown one."""
+        """Build from keyword arguments, naming any unknown one; paths may be os.PathLike."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ValueError(f"unknown engine option(s): {', '.join(unknown)}")
+        for name in _PATHS:
+            if isinstance(kwargs.get(name), os.PathLike):
+                kwargs[name] = os.fspath(kwargs[name])
         return cls(**kwargs)
+
+    def _check_types(self) -> None:
+        """Every field holds a value of its annotated type (a flag given "no" would otherwise
+        read as true, and a number given as a string would fail later, far from its cause)."""
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):
+            value, hint = getattr(self, f.name), hints[f.name]
+            if not _matches(value, hint):
+                raise ValueError(
+                    f"{f.name} must be {_describe(hint)}, got {value!r} ({type(value).__name__})"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -189,3 +206,38 @@ class EngineConfig:
     @property
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
+
+
+_PATHS = ("model", "tokenizer", "cache_dir")
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """isinstance for the annotations EngineConfig uses (bool is not an int here; a Literal's
+    values are checked by the field's own rule, with its own message)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in typing.get_args(hint))
+    if origin is Literal:
+        return any(type(value) is type(arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
+    if origin is Literal:
+        return "one of " + ", ".join(repr(arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return "None"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+        hint, getattr(hint, "__name__", str(hint))
+    )

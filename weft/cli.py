@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import typing
 from typing import Any
 
 from weft.runtime.config import EngineConfig
@@ -50,6 +51,7 @@ _HELP = {
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     """One --flag per EngineConfig field, with its default shown."""
     group = parser.add_argument_group("engine options")
+    hints = typing.get_type_hints(EngineConfig)
     for f in dataclasses.fields(EngineConfig):
         flag = "--" + f.name.replace("_", "-")
         default = f.default
@@ -57,16 +59,14 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         if isinstance(default, bool):
             group.add_argument(flag, action="store_true", help=text)
         else:
-            kind = {int: int, float: float}.get(type(default), str)
-            if f.name in (
-                "context_length",
-                "page_size",
-                "max_total_tokens",
-                "kv_cache_bytes",
-                "cpu_threads",
-            ):
-                kind = int
+            kind = _cli_type(hints[f.name])
             group.add_argument(flag, type=kind, default=default, help=text)
+
+
+def _cli_type(hint: Any) -> type:
+    """The argparse type of a field annotated `hint` (int, float, else str; `X | None` as X)."""
+    kinds = typing.get_args(hint) or (hint,)
+    return int if int in kinds else float if float in kinds else str
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
