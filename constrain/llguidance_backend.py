@@ -254,9 +254,7 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._m = matcher
         self._prefetch = prefetch
         self._next: ctypes.Array[ctypes.c_int32] | None = None  # prefetched mask, once allocated
-        self._job: llguidance_prefetch.Job | None = (
-            None  # a prefetch in flight (or finished, not joined)
-        )
+        self._job: llguidance_prefetch.Job | None = None  # in flight, or done but not joined
         self._ready = False  # `_next` holds the mask of the current state, finished (a row)
         self._filled = False  # a fill has delivered the current state's mask
         self._forced: list[int] | None = None  # forced tokens of the current state, if known

@@ -52,19 +52,21 @@ class TritonAttentionBackend(AttentionBackend):
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
         self._static: tuple[torch.Tensor, ...] | None = None
 
+    @property
+    def _context(self) -> int:
+        return self.req_to_token.shape[1]  # the longest possible context
+
     def _splits(self, batch_size: int) -> int:
         """Decode splits for a batch size. The longest possible context fixes the count (each
         split's length follows its request's at run time), so one graph serves every length, and
         eager steps use the kernel variants that graph capture compiled (NOTE: a split count met
         first mid-run costs a Triton compile, ~1 s, inside that step)."""
-        context = self.req_to_token.shape[1]
-        return decode_num_kv_splits(batch_size, self.pool.num_kv_heads, context, self.num_sms)
+        return decode_num_kv_splits(batch_size, self.pool.num_kv_heads, self._context, self.num_sms)
 
     def prepare_graph(self, batch: ForwardBatch, shared: bool = False) -> None:
         self.decode = True
         bs = batch.batch_size
         self.num_kv_splits = self._splits(bs)
-        context = self.req_to_token.shape[1]
         self.kv_starts, self.shared = None, None
         if not shared:
             return
@@ -76,7 +78,7 @@ class TritonAttentionBackend(AttentionBackend):
         starts, members, rows, lens = self._static
         assert starts.numel() >= bs, "capture the largest size first"
         self.kv_starts = starts[:bs]
-        self.shared = SharedPrefix(members[:nb], rows[:nb], lens[:nb], prefix_splits(context))
+        self.shared = SharedPrefix(members[:nb], rows[:nb], lens[:nb], prefix_splits(self._context))
 
     def prepare_replay(self, batch: ForwardBatch, padded_size: int, shared: bool = False) -> None:
         if not shared:  # the graph without the shared-prefix kernel reads no plan buffer
