@@ -12,7 +12,7 @@ import torch
 
 from weft.constrain.vocab import TokenSpace
 
-GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf", "choices"]
+GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf", "choices", "structural_tag"]
 # appended to a refusal that only the request's own strict flag caused
 STRICT_NOTE = " (strict is true: such keywords are refused, not left unenforced)"
 
@@ -24,6 +24,7 @@ class GrammarSpec:
     `json_schema`: the schema as compact JSON, key order kept (both backends emit object
     properties in schema order, so reordering keys would change the grammar). `choices`: a JSON
     list of strings. `json_object`: any JSON object (spec is ""). `regex`/`ebnf`: the text as given.
+    `structural_tag`: SGLang's structures + triggers as compact JSON (constrain.structural_tag).
     `strict` (json_schema only; OpenAI's `strict: true`): refuse the schema if the backend cannot
     enforce one of its keywords, as the backend-wide `strict` does for every schema.
     """
@@ -65,6 +66,12 @@ class GrammarSpec:
     @classmethod
     def ebnf(cls, grammar: str) -> GrammarSpec:
         return cls("ebnf", grammar)
+
+    @classmethod
+    def structural_tag(cls, tag: dict[str, Any] | str) -> GrammarSpec:
+        from weft.constrain.structural_tag import StructuralTag
+
+        return cls("structural_tag", StructuralTag.parse(tag).canonical())
 
     @classmethod
     def choices(cls, items: Sequence[str]) -> GrammarSpec:

@@ -31,6 +31,7 @@ from weft.constrain.base import (
     GrammarSpec,
 )
 from weft.constrain.schema import llguidance_keywords, without_patterns, without_remote_refs
+from weft.constrain.structural_tag import StructuralTag
 from weft.constrain.vocab import TokenSpace
 
 # NOTE: llguidance bounds every compile and mask step by fuel, not time (so a compile thread
@@ -76,6 +77,8 @@ class LLGuidanceBackend(GrammarBackend):
         self._limits = llguidance.LLParserLimits(**PARSER_LIMITS)
         self._json_options: dict[str, Any] = {"whitespace_pattern": json_whitespace}
         self._json_whitespace = json_whitespace
+        never = (space.special_ids | space.stop_ids) & set(range(space.tokenizer_size))
+        self._special_texts = {str(tokenizer.convert_ids_to_tokens(i)) for i in sorted(never)}
 
     @property
     def cache_key(self) -> tuple[object, ...]:
@@ -85,7 +88,7 @@ class LLGuidanceBackend(GrammarBackend):
         matcher, dropped = self._repaired_matcher(spec)
         unenforced = (
             dropped + llguidance_keywords(matcher.get_grammar_warnings())
-            if spec.kind == "json_schema"
+            if spec.kind in ("json_schema", "structural_tag")
             else []
         )
         compiled = LLGuidanceGrammar(spec, unenforced, self.space, matcher, self._prefetch)
@@ -196,13 +199,26 @@ class LLGuidanceBackend(GrammarBackend):
         if spec.kind == "choices":
             lark = "start: " + " | ".join(json.dumps(c) for c in spec.choice_list())
             return make.grammar_from_lark(lark)
+        if spec.kind == "structural_tag":
+            return make.grammar_from_lark(self._structural_tag_lark(spec))
         try:
             return llguidance.grammar_from("ebnf", spec.spec)  # Lark, or GBNF converted to Lark
         except ValueError as e:
             raise GrammarError(f"invalid ebnf grammar: {e}") from None
 
+    def _structural_tag_lark(self, spec: GrammarSpec) -> str:
+        tag = StructuralTag.parse(spec.spec)
+        for text in tag.texts():
+            for special in self._special_texts:
+                if special in text:
+                    raise GrammarError(
+                        f"structural_tag text {text!r} holds {special!r}, a special token of the "
+                        "model's tokenizer: constrained output never contains special tokens"
+                    )
+        return tag.lark({**self._json_options, "lenient": not self.strict_for(spec)})
+
     def _refusal(self, spec: GrammarSpec, message: str) -> GrammarError:
-        if spec.kind == "json_schema" and (
+        if spec.kind in ("json_schema", "structural_tag") and (
             "Unimplemented keys" in message or message.startswith(("Unknown format", "oneOf"))
         ):
             keywords = llguidance_keywords([message])

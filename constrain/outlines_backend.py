@@ -86,7 +86,8 @@ class OutlinesBackend(GrammarBackend):
             return "regex", spec.spec, []
         if spec.kind == "choices":
             return "regex", "(" + "|".join(map(_escape, spec.choice_list())) + ")", []
-        raise GrammarError("the outlines backend does not support ebnf grammars (use llguidance)")
+        what = "ebnf grammars" if spec.kind == "ebnf" else spec.kind
+        raise GrammarError(f"the outlines backend does not support {what} (use llguidance)")
 
 
 def _sentinel_id(space: TokenSpace) -> int:

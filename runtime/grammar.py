@@ -34,6 +34,8 @@ def grammar_spec(params: SamplingParams) -> GrammarSpec | None:
         return GrammarSpec.regex(params.regex)
     if params.ebnf is not None:
         return GrammarSpec.ebnf(params.ebnf)
+    if params.structural_tag is not None:
+        return GrammarSpec.structural_tag(params.structural_tag)
     return None
 
 

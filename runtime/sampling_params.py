@@ -41,6 +41,7 @@ class SamplingParams:
     json_schema: str | None = None  # JSON text (a dict given to from_dict is json.dumps'ed)
     regex: str | None = None
     ebnf: str | None = None
+    structural_tag: str | None = None  # JSON text: {"structures": [...], "triggers": [...]}
     strict_json_schema: bool = False  # refuse json_schema keywords the grammar cannot enforce
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -155,6 +156,13 @@ def _check_ranges(p: SamplingParams) -> None:
             raise ValueError(f"json_schema must be valid JSON text: {e}") from None
     if sum(g is not None for g in (p.regex, p.json_schema, p.ebnf)) > 1:
         raise ValueError("Only one of regex, json_schema, or ebnf can be set.")
+    if p.structural_tag is not None:
+        if any(g is not None for g in (p.regex, p.json_schema, p.ebnf)):
+            raise ValueError("structural_tag cannot be combined with regex, json_schema or ebnf")
+        try:
+            json.loads(p.structural_tag)
+        except ValueError as e:
+            raise ValueError(f"structural_tag must be valid JSON text: {e}") from None
     if p.strict_json_schema and p.json_schema is None:
         raise ValueError("strict_json_schema needs a json_schema to apply to")
     for token_id, bias in (p.logit_bias or {}).items():
@@ -245,6 +253,7 @@ _COERCE: dict[str, Callable[[str, Any], Any]] = {
     "json_schema": _as_json_schema,
     "regex": _as_str,
     "ebnf": _as_str,
+    "structural_tag": _as_json_schema,
     "strict_json_schema": _as_bool,
     "ignore_eos": _as_bool,
     "skip_special_tokens": _as_bool,

@@ -231,7 +231,7 @@ async def chat_completions(request: Request) -> Response:
     )
     params = req.sampling_params(max_new, _generation_defaults(str(rt.model_path)))
     if plan.json_schema is not None:
-        if any(k in params for k in ("json_schema", "regex", "ebnf")):
+        if any(k in params for k in ("json_schema", "regex", "ebnf", "structural_tag")):
             raise BadRequest(
                 f"tool_choice {plan.mode} constrains the output to a tool call: it cannot be "
                 "combined with response_format, json_schema, regex or ebnf",

@@ -10,6 +10,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from weft.constrain import GrammarError, GrammarSpec
 from weft.runtime.http.app import BadRequest
 from weft.runtime.http.tool_calls import ToolPlan, plan_tools
 
@@ -61,7 +62,7 @@ class JsonSchemaSpec(_Strict):
 
 
 class ResponseFormat(BaseModel):
-    # extra allowed: structural_tag carries its own fields (rejected later with a clear message)
+    # extra allowed: structural_tag carries its own fields (structures, triggers; checked later)
     model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
     type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaSpec | None = None
@@ -154,12 +155,13 @@ class _Common(_Strict):
         }
 
     def constraint(self) -> dict[str, Any]:
-        """json_schema / regex / ebnf, from the extension fields or from response_format (whose
-        `strict: true` refuses schema keywords the grammar cannot enforce: strict_json_schema)."""
+        """json_schema / regex / ebnf / structural_tag, from the extension fields or from
+        response_format (whose `strict: true` refuses schema keywords the grammar cannot enforce:
+        strict_json_schema)."""
         out = {k: getattr(self, k) for k in ("json_schema", "regex", "ebnf")}
         out = {k: v for k, v in out.items() if v is not None}
-        schema = _format_schema(self.response_format)
-        if schema is None:
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
             return out
         if out:
             raise BadRequest(
@@ -167,7 +169,10 @@ class _Common(_Strict):
                 400,
                 "response_format",
             )
-        spec = self.response_format.json_schema if self.response_format else None
+        if fmt.type == "structural_tag":
+            return {"structural_tag": _structural_tag(fmt)}
+        schema = _format_schema(fmt)
+        spec = fmt.json_schema
         if spec is not None and spec.strict:
             return {"json_schema": schema, "strict_json_schema": True}
         return {"json_schema": schema}
@@ -210,15 +215,9 @@ class ChatCompletionRequest(_Common):
         return plan_tools(tools, named or choice, self.parallel_tool_calls)
 
 
-def _format_schema(fmt: ResponseFormat | None) -> str | None:
-    if fmt is None or fmt.type == "text":
-        return None
+def _format_schema(fmt: ResponseFormat) -> str:
     if fmt.type == "json_object":
         return '{"type": "object"}'
-    if fmt.type == "structural_tag":
-        raise BadRequest(
-            "response_format type structural_tag is not supported yet", 400, "response_format"
-        )
     schema = fmt.json_schema.schema_ if fmt.json_schema is not None else fmt.schema_
     if schema is None:
         raise BadRequest(
@@ -227,6 +226,20 @@ def _format_schema(fmt: ResponseFormat | None) -> str | None:
             "response_format",
         )
     return json.dumps(schema)
+
+
+def _structural_tag(fmt: ResponseFormat) -> str:
+    """The structural_tag sampling parameter (canonical JSON), checked here for a clear 400."""
+    if fmt.json_schema is not None or fmt.schema_ is not None:
+        raise BadRequest(
+            "response_format structural_tag takes structures and triggers, not a schema",
+            400,
+            "response_format",
+        )
+    try:
+        return GrammarSpec.structural_tag(dict(fmt.model_extra or {})).spec
+    except GrammarError as e:
+        raise BadRequest(f"response_format: {e}", 400, "response_format") from None
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -27,6 +27,7 @@ DEFAULTS = {
     "json_schema": None,
     "regex": None,
     "ebnf": None,
+    "structural_tag": None,
     "strict_json_schema": False,
     "ignore_eos": False,
     "skip_special_tokens": True,
