@@ -157,6 +157,7 @@ def timed_generate(
         max(0.0, deadline - time.monotonic()), engine.abort, (), {"abort_all": True}
     )
     timer.daemon = True
+    before = engine.get_state()
     timer.start()
     start = time.perf_counter()
     try:
@@ -164,6 +165,7 @@ def timed_generate(
     finally:
         timer.cancel()
     result.seconds = time.perf_counter() - start
+    result.extra["steps"] = step_times(before, engine.get_state())
     assert isinstance(outs, list)
     metas = [o["meta_info"] for o in outs]
     result.num_prompts = len(outs)
@@ -173,6 +175,18 @@ def timed_generate(
     if aborted:
         result.note = f"{aborted} requests aborted at the time budget; " + result.note
     return outs
+
+
+def step_times(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The scheduler's steps during a run: count, total and mean wall time per kind, and
+    retractions (the differences of two `get_state()`s)."""
+    out: dict[str, Any] = {"retractions": after["retractions"] - before["retractions"]}
+    for kind in ("extend", "decode"):
+        n = after[f"{kind}_steps"] - before[f"{kind}_steps"]
+        total_s = (after[f"{kind}_us"] - before[f"{kind}_us"]) / 1e6
+        out[kind] = {"steps": n, "total_s": round(total_s, 3)}
+        out[kind]["mean_ms"] = round(1e3 * total_s / n, 3) if n else None
+    return out
 
 
 def run_workload(

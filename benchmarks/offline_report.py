@@ -53,9 +53,21 @@ def headline(results: list[RunResult]) -> list[list[str]]:
     return rows
 
 
+def steps_text(steps: dict[str, Any] | None) -> str:
+    """'extend 94 × 190.2 ms, decode 1000 × 28.1 ms, 0 retracted' (the scheduler's own timing)."""
+    if not steps:
+        return "-"
+    parts = [
+        f"{kind} {steps[kind]['steps']} × {steps[kind]['mean_ms']:.1f} ms"
+        for kind in ("extend", "decode")
+        if steps[kind]["steps"]
+    ]
+    return ", ".join([*parts, f"{steps['retractions']} retracted"])
+
+
 def runs_table(results: list[RunResult]) -> str:
     head = ["section", "run", "engine", "workload", "time s", "output tok/s", "ms / output tok",
-            "cached tok", "note"]  # fmt: skip
+            "cached tok", "steps (count × mean)", "note"]  # fmt: skip
     rows = [
         [
             r.section,
@@ -66,6 +78,7 @@ def runs_table(results: list[RunResult]) -> str:
             fmt(r.output_tps, 0),
             fmt(r.ms_per_token, 3),
             "-" if r.error else fmt(r.cached_tokens),
+            steps_text(r.extra.get("steps")),
             (r.error or r.note).strip().replace("|", "/") or "-",
         ]  # fmt: skip
         for r in results

@@ -40,8 +40,17 @@ def _attend(  # type: ignore[no-untyped-def]
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FP16_DOTS: tl.constexpr,  # an fp8 pool under a 16-bit q: both dots in float16
 ):
-    """Online softmax of q over the keys at slots Tokens[start:end]: (acc, row max, row sum)."""
+    """Online softmax of q over the keys at slots Tokens[start:end]: (acc, row max, row sum).
+
+    NOTE: with FP16_DOTS (an fp8 pool under a 16-bit q) both dots run in float16: e4m3 ->
+    float16 is one instruction per two values on sm_89+, e4m3 -> bfloat16 takes more. At batch
+    512, kv 1536 on an fp8 pool: 697 -> 636 us (block_n 128; 907.8 us at the old block_n 64),
+    60% of the copy ceiling; moving the bits with integer ops instead: 868 us (BENCHMARKS.md,
+    seventh session). Every e4m3 value is exact in float16; a bf16 q loses range beyond 65504."""
+    if FP16_DOTS:
+        q = q.to(tl.float16)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     d_mask = offs_d < D
@@ -107,6 +116,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FP16_DOTS: tl.constexpr,
     HAS_KV_STARTS: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -130,7 +140,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
         acc, m_i, l_i = _attend(
             q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start, kv_start + end,
             kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
-            BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION,
+            BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS,
         )  # fmt: skip
         o_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
         tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
@@ -189,6 +199,11 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     total = tl.sum(w, 0)
     out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)  # seq_len 0 gives zeros
     tl.store(Out + b * stride_outb + h * stride_outh + offs_d, out, mask=offs_d < D)
+
+
+def fp16_dots(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
+    """Whether the kernels take an fp8 pool's dots in float16 (see `_attend`)."""
+    return k_buffer.element_size() == 1 and q.dtype != torch.float32
 
 
 def decode_num_kv_splits(
@@ -251,7 +266,8 @@ def decode_attention(
     assert heads % num_kv_heads == 0, f"{heads} q heads do not group over {num_kv_heads} kv heads"
     fp32 = q.dtype == torch.float32
     # NOTE: float32 tiles are halved: at 64 keys the fp32 (FMA) dot spills on sm_90 (ptxas report)
-    block_n = block_n or (32 if fp32 else 64)
+    # an fp8 pool: 128 keys per tile keep a tile's bytes those of 64 bf16 keys (measured best)
+    block_n = block_n or (32 if fp32 else 128 if k_buffer.element_size() == 1 else 64)
     assert num_kv_splits >= 1 and block_n >= 16, (num_kv_splits, block_n)
     prefix_splits, prefix_block_n = 0, 16  # nothing shared: the reduce reads no prefix column
     if shared is not None:
@@ -284,7 +300,7 @@ def decode_attention(
         v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
-        BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
+        BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32", FP16_DOTS=fp16_dots(q, k_buffer),
         HAS_KV_STARTS=kv_starts is not None,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip

@@ -79,7 +79,14 @@ class Scheduler(RequestIntake):
             "cached_tokens": 0,
             "overlapped_steps": 0,  # launched while the step before was still in flight
             "mixed_steps": 0,  # prefill steps that also decoded running requests
+            # launch-to-launch wall time per step kind, in µs: with overlap, the device's time
+            # of each step (a step followed by an idle wait is not counted)
+            "extend_steps": 0,
+            "extend_us": 0,
+            "decode_steps": 0,
+            "decode_us": 0,
         }
+        self._last_launch: tuple[ForwardMode, float] | None = None
         self.checked_idle = True
         scale = 1 if self.is_leader else FOLLOWER_GRAMMAR_TIMEOUT_SCALE
         self.grammars = GrammarQueue(
@@ -267,6 +274,13 @@ class Scheduler(RequestIntake):
     def launch(self, batch: Batch | None) -> LaunchedStep | None:
         """Queue the batch on the device. Its requests' KV now counts as computed, and a token it
         samples is `ahead` (known on the device only) until its results are processed."""
+        now = time.perf_counter()
+        if self._last_launch is not None:
+            mode, at = self._last_launch
+            kind = "decode" if mode == ForwardMode.DECODE else "extend"
+            self.stats[f"{kind}_steps"] += 1
+            self.stats[f"{kind}_us"] += int((now - at) * 1e6)
+        self._last_launch = None if batch is None else (batch.mode, now)
         if batch is None:
             return None
         step = self.runner.launch(batch)

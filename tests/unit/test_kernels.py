@@ -313,7 +313,7 @@ def test_store_kv(hkv: int, dim: int, src: torch.dtype, dst: torch.dtype) -> Non
 FP8 = torch.float8_e4m3fn
 
 
-@pytest.mark.parametrize("q_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.float16, torch.bfloat16])
 @interpreted
 def test_attention_reads_an_fp8_pool(q_dtype: torch.dtype) -> None:
     """kv_cache_dtype fp8_e4m3: decode and extend read the fp8 pool upcast to the queries' dtype
@@ -325,6 +325,10 @@ def test_attention_reads_an_fp8_pool(q_dtype: torch.dtype) -> None:
     args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, torch.tensor(lens))
     wk.decode_attention(q, *args, out, 0.125, 2, block_n=16)
     assert_close(out, ref.decode_attention_ref(q, *args, 0.125), TOL[q_dtype])
+    if q_dtype == torch.bfloat16:
+        # NOTE: decode takes an fp8 pool's dots in float16 (FP16_DOTS), extend in the queries'
+        # dtype: the interpreter's bfloat16 dots are wrong (tests/gpu checks extend in bf16)
+        return
     prefix, ext = [16, 0, 30], [3, 5, 1]
     pool = make_pool([p + e for p, e in zip(prefix, ext, strict=True)], prefix, 16, 2, 64, FP8)
     tokens = sum(ext)
