@@ -24,7 +24,7 @@ class GrammarSpec:
     `json_schema`: the schema as compact JSON, key order kept (both backends emit object
     properties in schema order, so reordering keys would change the grammar). `choices`: a JSON
     list of strings. `json_object`: any JSON object (spec is ""). `regex`/`ebnf`: the text as given.
-    `structural_tag`: SGLang's structures + triggers as compact JSON (constrain.structural_tag).
+    `structural_tag`: SGLang's structures + triggers, or xgrammar's format, as compact JSON.
     `strict` (json_schema only; OpenAI's `strict: true`): refuse the schema if the backend cannot
     enforce one of its keywords, as the backend-wide `strict` does for every schema.
     """
@@ -69,9 +69,9 @@ class GrammarSpec:
 
     @classmethod
     def structural_tag(cls, tag: dict[str, Any] | str) -> GrammarSpec:
-        from weft.constrain.structural_tag import StructuralTag
+        from weft.constrain.structural_tag import canonical_structural_tag
 
-        return cls("structural_tag", StructuralTag.parse(tag).canonical())
+        return cls("structural_tag", canonical_structural_tag(tag))
 
     @classmethod
     def choices(cls, items: Sequence[str]) -> GrammarSpec:

@@ -31,7 +31,8 @@ from weft.constrain.base import (
     GrammarSpec,
 )
 from weft.constrain.schema import llguidance_keywords, without_patterns, without_remote_refs
-from weft.constrain.structural_tag import StructuralTag
+from weft.constrain.structural_format import format_grammar, format_texts
+from weft.constrain.structural_tag import structural_tag_format
 from weft.constrain.vocab import TokenSpace
 
 # NOTE: llguidance bounds every compile and mask step by fuel, not time (so a compile thread
@@ -200,22 +201,26 @@ class LLGuidanceBackend(GrammarBackend):
             lark = "start: " + " | ".join(json.dumps(c) for c in spec.choice_list())
             return make.grammar_from_lark(lark)
         if spec.kind == "structural_tag":
-            return make.grammar_from_lark(self._structural_tag_lark(spec))
+            return self._structural_tag_grammar(spec)
         try:
             return llguidance.grammar_from("ebnf", spec.spec)  # Lark, or GBNF converted to Lark
         except ValueError as e:
             raise GrammarError(f"invalid ebnf grammar: {e}") from None
 
-    def _structural_tag_lark(self, spec: GrammarSpec) -> str:
-        tag = StructuralTag.parse(spec.spec)
-        for text in tag.texts():
+    def _structural_tag_grammar(self, spec: GrammarSpec) -> str:
+        tree = structural_tag_format(spec.spec)
+        for text in format_texts(tree):
             for special in self._special_texts:
                 if special in text:
                     raise GrammarError(
                         f"structural_tag text {text!r} holds {special!r}, a special token of the "
                         "model's tokenizer: constrained output never contains special tokens"
                     )
-        return tag.lark({**self._json_options, "lenient": not self.strict_for(spec)})
+        options = {**self._json_options, "lenient": not self.strict_for(spec)}
+        grammar = format_grammar(tree, options)
+        return (
+            grammar if grammar.startswith("{") else llguidance.LLMatcher.grammar_from_lark(grammar)
+        )
 
     def _refusal(self, spec: GrammarSpec, message: str) -> GrammarError:
         if spec.kind in ("json_schema", "structural_tag") and (

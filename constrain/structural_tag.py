@@ -1,11 +1,12 @@
-"""SGLang's `structural_tag`: free text in which each trigger opens a tag (its begin, a JSON value of
-its schema, its end); checked and made canonical here, and written as an llguidance Lark grammar.
+"""SGLang's `structural_tag`, checked and made canonical: free text in which each trigger opens a
+tag (its begin, a JSON value of its schema, its end); xgrammar's newer `format` form too.
 
-The shape (SGLang's and vLLM's `response_format` and native `sampling_params.structural_tag`):
+The older shape (SGLang's and vLLM's `response_format`, native `sampling_params.structural_tag`):
 `{"type": "structural_tag", "structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}`.
 Every structure's begin starts with one of the triggers. The text outside tags never contains a
 trigger: once one appears, a tag whose begin starts with it must follow, then its schema's value,
 then its end; after that the text is free again. The grammar may end wherever the text is free.
+It is the newer form's `triggered_tags` of `json_schema` contents (structural_format writes both).
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from weft.constrain.base import GrammarError
+from weft.constrain.structural_format import check_format
 
 FIELDS = ("structures", "triggers")
 STRUCTURE_FIELDS = ("begin", "schema", "end")
-_ANY = r"(.|\n)*"  # any text, in the library's regex syntax (`.` excludes the newline)
-_META = set("\\.+*?()|[]{}^$#&-~")  # punctuation the regex syntax gives a meaning to
 
 
 @dataclass(frozen=True)
@@ -47,11 +47,6 @@ class StructuralTag:
                 raise GrammarError(f"structural_tag is not valid JSON: {e}") from None
         if not isinstance(value, Mapping):
             raise GrammarError("structural_tag must be an object with structures and triggers")
-        if "format" in value:
-            raise GrammarError(
-                "structural_tag with a 'format' (xgrammar's newer form) is not supported; give "
-                "'structures' (each with begin, schema, end) and 'triggers'"
-            )
         if value.get("type", "structural_tag") != "structural_tag":
             raise GrammarError(
                 f"structural_tag type must be 'structural_tag', not {value['type']!r}"
@@ -77,42 +72,45 @@ class StructuralTag:
         }
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
-    def texts(self) -> list[str]:
-        """Every literal the grammar writes: triggers, begins and ends."""
-        return [
-            *self.triggers,
-            *(s.begin for s in self.structures),
-            *(s.end for s in self.structures),
+    def as_format(self) -> dict[str, Any]:
+        """The same constraint as xgrammar's newer form: triggered tags of JSON values."""
+        tags = [
+            {
+                "begin": s.begin,
+                "content": {"type": "json_schema", "json_schema": s.schema},
+                "end": s.end,
+            }
+            for s in self.structures
         ]
+        return {"type": "triggered_tags", "triggers": list(self.triggers), "tags": tags}
 
-    def lark(self, json_options: Mapping[str, Any]) -> str:
-        """The llguidance Lark grammar; `json_options` go into every schema as its `x-guidance`.
 
-        `TEXT` is free text without a trigger. `trigger_k` is lazy: free text up to the first
-        occurrence of trigger k. A tag is a trigger, then the rest of one of its begins, the
-        value and the end. (Each schema is its own `%json` rule, so `$ref`s keep their root.)
-        """
-        any_trigger = "|".join(_regex_literal(t) for t in self.triggers)
-        lines = [
-            "%llguidance {}",
-            "start: tag* TEXT",
-            f"TEXT: /{_ANY}/ & ~/{_ANY}({any_trigger}){_ANY}/",
-            "tag: " + " | ".join(f"trigger_{k} after_{k}" for k in range(len(self.triggers))),
-        ]
-        for k, trigger in enumerate(self.triggers):
-            lines.append(f"trigger_{k}[lazy]: TEXT {_lark_string(trigger)}")
-            alternatives = []
-            for j, s in enumerate(self.structures):
-                if not s.begin.startswith(trigger):
-                    continue
-                schema = {**s.schema, "x-guidance": dict(json_options)}
-                lines.append(f"value_{j}: %json {json.dumps(schema)}")
-                rest = s.begin[len(trigger) :]
-                parts = [_lark_string(rest) if rest else "", f"value_{j}"]
-                parts.append(_lark_string(s.end) if s.end else "")
-                alternatives.append(" ".join(p for p in parts if p))
-            lines.append(f"after_{k}: " + " | ".join(alternatives))
-        return "\n".join(lines) + "\n"
+def canonical_structural_tag(value: Any) -> str:
+    """The canonical JSON of a request's structural_tag (object or JSON text), either form:
+    `{"structures", "triggers"}` or `{"format"}`. A GrammarError says what is wrong."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise GrammarError(f"structural_tag is not valid JSON: {e}") from None
+    if isinstance(value, Mapping) and "format" in value:
+        if value.get("type", "structural_tag") != "structural_tag":
+            raise GrammarError(
+                f"structural_tag type must be 'structural_tag', not {value['type']!r}"
+            )
+        _no_other_fields("structural_tag", value, ("type", "format"))
+        check_format(value["format"])
+        return json.dumps({"format": value["format"]}, separators=(",", ":"), ensure_ascii=False)
+    return StructuralTag.parse(value).canonical()
+
+
+def structural_tag_format(canonical: str) -> dict[str, Any]:
+    """The format tree of a canonical structural_tag (the older form as triggered_tags)."""
+    body = json.loads(canonical)
+    if "format" in body:
+        tree: dict[str, Any] = body["format"]
+        return tree
+    return StructuralTag.parse(body).as_format()
 
 
 ##### Internal Helper Functions #####
@@ -155,22 +153,3 @@ def _structure(i: int, value: Any, triggers: tuple[str, ...]) -> Structure:
             f"{where}.begin {begin!r} starts with none of the triggers {list(triggers)}"
         )
     return Structure(begin, dict(schema), end)
-
-
-def _lark_string(text: str) -> str:
-    return json.dumps(text)
-
-
-def _regex_literal(text: str) -> str:
-    """`text` matched literally in the library's regex syntax, inside Lark's /.../."""
-    out = []
-    for ch in text:
-        if ch in _META:
-            out.append("\\" + ch)
-        elif ch == "/":
-            out.append("\\/")
-        elif ch.isalnum() or (ch.isprintable() and ch != " " and ord(ch) < 128) or ch == " ":
-            out.append(ch)
-        else:
-            out.append(f"\\x{{{ord(ch):x}}}")
-    return "".join(out)

@@ -119,3 +119,33 @@ def test_bad_structural_tags_are_400_and_the_server_goes_on(
     assert re.search("structures must be a non-empty", resp.json()["error"]["message"])
     ok = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4)
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_the_newer_format_form_through_the_openai_client(client: openai.OpenAI) -> None:
+    """xgrammar's `format`: tags separated by ';', at least one, nothing else."""
+    tag = {"begin": "@add(", "content": {"type": "json_schema", "json_schema": ADD}, "end": ")"}
+    fmt = {
+        "type": "structural_tag",
+        "format": {
+            "type": "tags_with_separator",
+            "tags": [tag],
+            "separator": ";",
+            "at_least_one": True,
+        },
+    }
+    resp = client.chat.completions.create(
+        model=MODEL, messages=CHAT, response_format=fmt, max_tokens=80, temperature=0
+    )
+    text = resp.choices[0].message.content or ""
+    calls = text.split(";")
+    complete = calls if resp.choices[0].finish_reason == "stop" else calls[:-1]
+    assert complete, text
+    for part in complete:
+        assert part.startswith("@add(") and part.endswith(")"), text
+        jsonschema.validate(json.loads(part[len("@add(") : -1]), ADD)
+    with pytest.raises(openai.BadRequestError, match="token-level format"):
+        client.chat.completions.create(
+            model=MODEL,
+            messages=CHAT,
+            response_format={"type": "structural_tag", "format": {"type": "token", "token": 1}},
+        )

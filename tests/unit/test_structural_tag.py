@@ -18,6 +18,8 @@ WEATHER = {
     "required": ["city"],
     "additionalProperties": False,
 }
+TEXT = {"type": "any_text"}
+THINK = {"type": "triggered_tags", "triggers": ["<a"], "tags": []}
 ADD = {
     "type": "object",
     "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
@@ -161,7 +163,17 @@ def test_keywords_a_schema_does_not_enforce_are_reported() -> None:
         ({"structures": [{"begin": "<f>", "end": ""}], "triggers": ["<f"], "extra": 1}, "unknown"),
         ({"structures": [{"begin": "<f>", "end": ""}], "triggers": ["<f", "f"]}, "lies inside"),
         ({"type": "json_schema", "structures": [], "triggers": []}, "type must be"),
-        ({"type": "structural_tag", "format": {"type": "any_text"}}, "'format'"),
+        ({"format": {"type": "token", "token": 5}}, "token-level format 'token'"),
+        ({"format": {"type": "nope"}}, "unknown format type 'nope'"),
+        ({"format": {"type": "const_string"}}, "needs 'value'"),
+        ({"format": {"type": "json_schema", "json_schema": ADD, "style": "qwen_xml"}}, "style"),
+        ({"format": {"type": "any_text", "max_tokens": 5}}, "max_tokens=5 is not supported"),
+        ({"format": {"type": "repeat", "min": 3, "max": 1, "content": TEXT}}, "0 <= min <= max"),
+        ({"format": {"type": "sequence", "elements": []}}, "non-empty list"),
+        ({"format": {"type": "tag", "begin": "<a>", "content": TEXT, "end": []}}, "end must be"),
+        ({"format": {"type": "or", "elements": [TEXT], "x": 1}}, "unknown field"),
+        ({"format": {**THINK, "tags": [{"begin": "<b>", "content": TEXT, "end": "</b>"}]}}, "none"),
+        ({"type": "text", "format": TEXT}, "type must be"),
     ],
 )
 def test_bad_specs_are_refused_with_the_reason(tag: Any, message: str) -> None:
@@ -187,3 +199,106 @@ def test_sampling_params_take_it_as_text_or_object_and_alone() -> None:
         SamplingParams.from_dict({"structural_tag": TOOLS, "regex": "a"})
     with pytest.raises(ValueError, match="valid JSON"):
         SamplingParams.from_dict({"structural_tag": "{"})
+
+
+##### xgrammar's newer form: {"format": ...} #####
+
+
+def fmt(node: Any) -> dict[str, Any]:
+    return {"type": "structural_tag", "format": node}
+
+
+def call(name: str, schema: Any) -> dict[str, Any]:
+    return {
+        "begin": f"<function={name}>",
+        "content": {"type": "json_schema", "json_schema": schema},
+        "end": "</function>",
+    }
+
+
+TAGS = [call("get_weather", WEATHER), call("add", ADD)]
+
+
+def test_the_older_form_is_the_newer_forms_triggered_tags() -> None:
+    newer = fmt({"type": "triggered_tags", "triggers": ["<function="], "tags": TAGS})
+    for text in [
+        'Checking. <function=get_weather>{"city": "Paris"}</function> Done.',
+        "<function=mul>{}</function>",
+        '<function=add>{"a": 1, "b": 2}</function=add>',
+        "Now <function=",
+    ]:
+        assert verdict(newer, text) == verdict(TOOLS, text), text
+
+
+def test_triggered_tags_at_least_one_stop_after_first_and_excludes() -> None:
+    base = {"type": "triggered_tags", "triggers": ["<function="], "tags": TAGS}
+    one = '<function=add>{"a": 1, "b": 2}</function>'
+    assert verdict(fmt({**base, "at_least_one": True}), "no call") == "prefix"
+    assert verdict(fmt({**base, "at_least_one": True}), "x " + one + one + " y") == "complete"
+    first = fmt({**base, "stop_after_first": True})
+    assert verdict(first, "no call") == "complete"
+    assert verdict(first, "x " + one) == "complete"
+    assert verdict(first, "x " + one + " more") == "blocked"  # nothing after the first tag
+    only = fmt({**base, "stop_after_first": True, "at_least_one": True})
+    assert verdict(only, one) == "complete" and verdict(only, "text") == "prefix"
+    assert verdict(fmt({**base, "excludes": ["BAD"]}), "a BAD word") == "blocked"
+
+
+def test_a_think_tag_then_a_json_answer() -> None:
+    think = {"type": "tag", "begin": "<think>", "content": TEXT, "end": ["</think>", "</t>"]}
+    answer = {"type": "json_schema", "json_schema": ADD}
+    tag = fmt(
+        {"type": "sequence", "elements": [think, {"type": "const_string", "value": "\n"}, answer]}
+    )
+    assert verdict(tag, '<think>a < b, {x}</think>\n{"a": 1, "b": 2}') == "complete"
+    assert verdict(tag, '<think>short</t>\n{"a": 1, "b": 2}') == "complete"
+    assert verdict(tag, "<think>still thinking") == "prefix"
+    assert verdict(tag, '<think>done</think>\n{"a": "x"}') == "blocked"
+    assert verdict(tag, "<answer>") == "blocked"
+    # any_text then a string, in a sequence: text up to the first occurrence of the string
+    upto = fmt({"type": "sequence", "elements": [TEXT, {"type": "const_string", "value": "END"}]})
+    assert verdict(upto, "anything at all END") == "complete"
+    assert verdict(upto, "a END b") == "blocked"
+
+
+def test_tags_with_separator() -> None:
+    sep = {"type": "tags_with_separator", "tags": TAGS, "separator": ","}
+    one = '<function=add>{"a": 1, "b": 2}</function>'
+    weather = '<function=get_weather>{"city": "Rome"}</function>'
+    assert verdict(fmt(sep), "") == "complete"
+    assert verdict(fmt(sep), one + "," + weather) == "complete"
+    assert verdict(fmt(sep), one + " " + weather) == "blocked"  # only the separator between
+    assert verdict(fmt({**sep, "at_least_one": True}), "") == "prefix"
+    assert verdict(fmt({**sep, "stop_after_first": True}), one + ",") == "blocked"
+
+
+def test_or_regex_grammar_const_and_repetition() -> None:
+    word = {"type": "regex", "pattern": "[a-z]+/[0-9]{2}"}
+    number = {"type": "grammar", "grammar": 'root ::= "n=" [0-9]+'}
+    either = {"type": "or", "elements": [word, number, {"type": "const_string", "value": "none"}]}
+    comma = {"type": "const_string", "value": ","}
+    item = {"type": "sequence", "elements": [either, comma]}
+    tag = fmt({"type": "repeat", "min": 1, "max": 3, "content": item})
+    assert verdict(tag, "ab/12,n=7,none,") == "complete"
+    assert verdict(tag, "ab/12,") == "complete"
+    assert verdict(tag, "a,b,c,d,") == "blocked"
+    assert verdict(tag, "ab/1x,") == "blocked"
+    assert verdict(tag, "") == "prefix"
+    star = fmt(
+        {
+            "type": "sequence",
+            "elements": [{"type": "star", "content": comma}, {"type": "optional", "content": word}],
+        }
+    )
+    assert verdict(star, ",,,") == "complete" and verdict(star, ",,x/00") == "complete"
+    assert verdict(fmt({"type": "plus", "content": comma}), "") == "prefix"
+
+
+def test_any_text_must_end_the_text_or_come_before_a_string() -> None:
+    bad = fmt({"type": "sequence", "elements": [TEXT, {"type": "json_schema", "json_schema": ADD}]})
+    with pytest.raises(GrammarError, match="any_text must end the text"):
+        compiled(bad)
+    assert verdict(fmt(TEXT), "anything\n at all") == "complete"
+    excluded = fmt({"type": "any_text", "excludes": ["<|", "DROP"]})
+    assert verdict(excluded, "fine text") == "complete"
+    assert verdict(excluded, "please DROP it") == "blocked"

@@ -1,0 +1,336 @@
+"""xgrammar's newer structural tag, `{"type": "structural_tag", "format": {...}}`: a tree of formats
+(const_string, json_schema, regex, grammar, any_text, sequence, or, tag, triggered_tags,
+tags_with_separator, optional, plus, star, repeat) written as an llguidance grammar.
+
+Token-level formats (token, exclude_token, any_tokens, token_triggered_tags, dispatch) and
+options beyond plain JSON (`style`, `any_order`, ...) are refused by name, never approximated.
+`any_text` runs to the end of the text, or (inside a tag or a sequence) up to the first
+occurrence of the string that follows it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from weft.constrain.base import GrammarError
+
+ANY = r"(.|\n)*"
+REQUIRED = object()  # a field without a default
+_FIELDS: dict[str, dict[str, Any]] = {  # per type: its fields and their defaults
+    "const_string": {"value": REQUIRED},
+    "json_schema": {"json_schema": REQUIRED, "style": "json", "any_order": False,
+                    "max_whitespace_cnt": None, "excludes": []},
+    "regex": {"pattern": REQUIRED},
+    "grammar": {"grammar": REQUIRED, "syntax": "ebnf"},
+    "any_text": {"excludes": [], "max_tokens": None, "max_chars": None},
+    "sequence": {"elements": REQUIRED},
+    "or": {"elements": REQUIRED},
+    "tag": {"begin": REQUIRED, "content": REQUIRED, "end": REQUIRED},
+    "triggered_tags": {"triggers": REQUIRED, "tags": REQUIRED, "at_least_one": False,
+                       "stop_after_first": False, "excludes": []},
+    "tags_with_separator": {"tags": REQUIRED, "separator": REQUIRED, "at_least_one": False,
+                            "stop_after_first": False},
+    "optional": {"content": REQUIRED},
+    "plus": {"content": REQUIRED},
+    "star": {"content": REQUIRED},
+    "repeat": {"min": REQUIRED, "max": REQUIRED, "content": REQUIRED},
+}  # fmt: skip
+# options accepted only at their default (what they would change is not supported)
+_DEFAULT_ONLY = {
+    ("json_schema", "style"),
+    ("json_schema", "any_order"),
+    ("json_schema", "max_whitespace_cnt"),
+    ("json_schema", "excludes"),
+    ("any_text", "max_tokens"),
+    ("any_text", "max_chars"),
+}
+_TOKEN_LEVEL = ("token", "exclude_token", "any_tokens", "token_triggered_tags", "dispatch")
+
+
+def check_format(node: Any, where: str = "format") -> None:
+    """Raise a GrammarError naming the first problem in a format tree (shape, types, support)."""
+    if not isinstance(node, Mapping) or not isinstance(node.get("type"), str):
+        raise GrammarError(f"structural_tag {where} must be an object with a 'type'")
+    kind = node["type"]
+    if kind in _TOKEN_LEVEL:
+        raise GrammarError(f"structural_tag {where}: token-level format {kind!r} is not supported")
+    if kind not in _FIELDS:
+        raise GrammarError(f"structural_tag {where}: unknown format type {kind!r}")
+    fields = _FIELDS[kind]
+    other = sorted(set(node) - set(fields) - {"type"})
+    if other:
+        raise GrammarError(f"structural_tag {where} ({kind}) has unknown field(s) {other}")
+    for name, default in fields.items():
+        if default is REQUIRED and node.get(name) is None:
+            raise GrammarError(f"structural_tag {where} ({kind}) needs {name!r}")
+        if (kind, name) in _DEFAULT_ONLY and node.get(name, default) != default:
+            raise GrammarError(
+                f"structural_tag {where} ({kind}): {name}={node[name]!r} is not supported"
+            )
+    _check_fields(node, kind, where)
+
+
+def format_texts(node: Mapping[str, Any]) -> list[str]:
+    """Every literal the grammar of a (checked) format writes."""
+    kind, out = node["type"], []
+    if kind == "const_string":
+        out.append(node["value"])
+    elif kind == "tag":
+        out += [node["begin"], *_ends(node)]
+    elif kind in ("triggered_tags", "tags_with_separator"):
+        out += node.get("triggers", []) + [node.get("separator", "")]
+    for child in _children(node):
+        out += format_texts(child)
+    return [t for t in out if t]
+
+
+def format_grammar(node: Mapping[str, Any], json_options: Mapping[str, Any]) -> str:
+    """The llguidance grammar of a checked format tree (Lark text, or JSON with side grammars)."""
+    builder = _Builder(dict(json_options))
+    top = builder.expr(node, follow=None)
+    main = "%llguidance {}\nstart: " + top + "\n" + "\n".join(builder.rules) + "\n"
+    if not builder.side:
+        return main
+    grammars = [{"name": "structural_tag", "lark_grammar": main}, *builder.side]
+    return json.dumps({"grammars": grammars})
+
+
+##### Internal Helper Functions #####
+
+
+def _check_fields(node: Mapping[str, Any], kind: str, where: str) -> None:
+    def strings(name: str, value: Any, empty_ok: bool = True) -> None:
+        items = value if isinstance(value, list) else None
+        if items is None or not all(isinstance(s, str) and (s or empty_ok) for s in items):
+            raise GrammarError(f"structural_tag {where}.{name} must be a list of strings")
+
+    if kind in ("const_string", "regex", "grammar") or kind == "tags_with_separator":
+        key = {"const_string": "value", "regex": "pattern", "grammar": "grammar"}.get(
+            kind, "separator"
+        )
+        if not isinstance(node[key], str):
+            raise GrammarError(f"structural_tag {where}.{key} must be a string")
+    if kind == "grammar" and node.get("syntax", "ebnf") not in ("ebnf", "lark"):
+        raise GrammarError(f"structural_tag {where}.syntax must be 'ebnf' or 'lark'")
+    if kind == "json_schema" and not isinstance(node["json_schema"], (Mapping, bool)):
+        raise GrammarError(f"structural_tag {where}.json_schema must be a JSON schema")
+    if kind in ("any_text", "triggered_tags"):
+        strings("excludes", node.get("excludes", []), empty_ok=False)
+    if kind == "tag":
+        if not isinstance(node["begin"], str):
+            raise GrammarError(f"structural_tag {where}.begin must be a string (token begins are not supported)")  # fmt: skip
+        end = node["end"]
+        if not (isinstance(end, str) or (isinstance(end, list) and end)):
+            raise GrammarError(f"structural_tag {where}.end must be a string or a list of strings")
+        strings("end", end if isinstance(end, list) else [end])
+    if kind == "repeat":
+        lo, hi = node["min"], node["max"]
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (lo, hi)) or not (
+            0 <= lo <= hi
+        ):
+            raise GrammarError(f"structural_tag {where}: repeat needs integers 0 <= min <= max")
+    if kind in ("sequence", "or") and not (isinstance(node["elements"], list) and node["elements"]):
+        raise GrammarError(f"structural_tag {where}.elements must be a non-empty list")
+    if kind in ("triggered_tags", "tags_with_separator"):
+        tags = node["tags"]
+        if not isinstance(tags, list) or not tags:
+            raise GrammarError(f"structural_tag {where}.tags must be a non-empty list")
+        for i, tag in enumerate(tags):
+            if not isinstance(tag, Mapping) or tag.get("type", "tag") != "tag":
+                raise GrammarError(f"structural_tag {where}.tags[{i}] must be a tag")
+    if kind == "triggered_tags":
+        strings("triggers", node["triggers"], empty_ok=False)
+        if not node["triggers"]:
+            raise GrammarError(f"structural_tag {where}.triggers must not be empty")
+        for i, tag in enumerate(node["tags"]):
+            begin = tag.get("begin")
+            if not isinstance(begin, str) or not any(begin.startswith(t) for t in node["triggers"]):
+                raise GrammarError(
+                    f"structural_tag {where}.tags[{i}].begin {begin!r} starts with none of the "
+                    f"triggers {node['triggers']}"
+                )
+    for i, child in enumerate(_children(node)):
+        check_format({"type": "tag", **child} if _is_listed_tag(node) else child, f"{where}.{i}")
+
+
+def _is_listed_tag(node: Mapping[str, Any]) -> bool:
+    return node["type"] in ("triggered_tags", "tags_with_separator")
+
+
+def _children(node: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    kind = node["type"]
+    if kind in ("sequence", "or"):
+        return list(node["elements"])
+    if kind in ("tag", "optional", "plus", "star", "repeat"):
+        return [node["content"]]
+    if _is_listed_tag(node):
+        return [{"type": "tag", **t} for t in node["tags"]]
+    return []
+
+
+def _ends(tag: Mapping[str, Any]) -> list[str]:
+    end = tag["end"]
+    return [end] if isinstance(end, str) else list(end)
+
+
+def _lit(text: str) -> str:
+    return json.dumps(text)
+
+
+def _regex_literal(text: str) -> str:
+    out = []
+    for ch in text:
+        if ch in "\\.+*?()|[]{}^$#&-~/":
+            out.append("\\" + ch)
+        elif ch.isprintable() and ch != "\n":
+            out.append(ch)
+        else:
+            out.append(f"\\x{{{ord(ch):x}}}")
+    return "".join(out)
+
+
+def _slashes_escaped(pattern: str) -> str:
+    """`pattern` with its unescaped `/` escaped (Lark's regex delimiter)."""
+    out, escaped = [], False
+    for ch in pattern:
+        out.append("\\/" if ch == "/" and not escaped else ch)
+        escaped = ch == "\\" and not escaped
+    return "".join(out)
+
+
+def _free_text(excluded: list[str]) -> str:
+    """A regex of any text that contains none of `excluded`."""
+    if not excluded:
+        return f"/{ANY}/"
+    either = "|".join(_regex_literal(t) for t in excluded)
+    return f"/{ANY}/ & ~/{ANY}({either}){ANY}/"
+
+
+class _Builder:
+    """Lark rules for a format tree; `expr` returns what to write where the format stands."""
+
+    def __init__(self, json_options: dict[str, Any]) -> None:
+        self.json_options = json_options
+        self.rules: list[str] = []
+        self.side: list[dict[str, str]] = []
+
+    def rule(self, body: str, attrs: str = "") -> str:
+        name = f"r{len(self.rules)}"
+        self.rules.append(f"{name}{attrs}: {body}")
+        return name
+
+    def free(self, excluded: list[str]) -> str:
+        """A terminal: any text containing none of `excluded` (lazy rules need terminals)."""
+        name = f"T{len(self.rules)}"
+        self.rules.append(f"{name}: {_free_text(excluded)}")
+        return name
+
+    def expr(self, node: Mapping[str, Any], follow: list[str] | None) -> str:
+        """`follow`: the strings one of which comes right after this format; None: the end of
+        the text; []: something that is not a string (any_text there is refused)."""
+        kind = node["type"]
+        if kind == "const_string":
+            return _lit(node["value"])
+        if kind == "json_schema":
+            schema = node["json_schema"]
+            schema = {} if schema is True else schema
+            if schema is False:
+                raise GrammarError("structural_tag json_schema false allows no value")
+            return self.rule("%json " + json.dumps({**schema, "x-guidance": self.json_options}))
+        if kind == "regex":
+            return self.rule("/" + _slashes_escaped(node["pattern"]) + "/")
+        if kind == "grammar":
+            import llguidance
+
+            name = f"g{len(self.side)}"
+            try:
+                text = llguidance.grammar_from(node.get("syntax", "ebnf"), node["grammar"])
+            except ValueError as e:
+                raise GrammarError(f"structural_tag grammar format: {e}") from None
+            self.side.append({"name": name, "lark_grammar": text})
+            return f"@{name}"
+        if kind == "any_text":
+            return self.any_text(node.get("excludes", []), follow)
+        if kind == "sequence":
+            return self.sequence(node["elements"], follow)
+        if kind == "or":
+            return self.rule(" | ".join(self.expr(e, follow) for e in node["elements"]))
+        if kind == "tag":
+            return self.tag(node)
+        if kind == "triggered_tags":
+            return self.triggered(node)
+        if kind == "tags_with_separator":
+            return self.separated(node)
+        inner = self.expr(node["content"], follow if kind == "optional" else [])
+        suffix = {"optional": "?", "plus": "+", "star": "*"}.get(kind)
+        if suffix is None:  # repeat
+            suffix = f"{{{node['min']},{node['max']}}}"
+        return self.rule(f"({inner}){suffix}")
+
+    def any_text(self, excludes: list[str], follow: list[str] | None) -> str:
+        if follow is None:
+            return self.rule(self.free(excludes))
+        if not follow or any(not f for f in follow):
+            raise GrammarError(
+                "structural_tag any_text must end the text or be followed by a non-empty string"
+            )
+        # lazy: the text ends at the first occurrence of what follows (which it then includes)
+        ends = " | ".join(_lit(f) for f in follow)
+        return self.rule(f"{self.free(excludes)} ({ends})", "[lazy]")
+
+    def sequence(self, elements: list[Mapping[str, Any]], follow: list[str] | None) -> str:
+        parts = []
+        i = 0
+        while i < len(elements):
+            node = elements[i]
+            nxt = elements[i + 1] if i + 1 < len(elements) else None
+            if nxt is None:
+                parts.append(self.expr(node, follow))
+                break
+            after = [nxt["value"]] if nxt["type"] == "const_string" and nxt["value"] else []
+            if node["type"] == "any_text" and after:
+                parts.append(self.any_text(node.get("excludes", []), after))
+                i += 2  # the lazy rule wrote the string too
+                continue
+            parts.append(self.expr(node, after))
+            i += 1
+        return self.rule(" ".join(parts))
+
+    def tag(self, node: Mapping[str, Any]) -> str:
+        content, ends = node["content"], _ends(node)
+        if content["type"] == "any_text":  # up to (and with) the first end
+            return self.rule(f"{_lit(node['begin'])} {self.any_text(content.get('excludes', []), ends)}")  # fmt: skip
+        end = " | ".join(_lit(e) for e in ends)
+        return self.rule(f"{_lit(node['begin'])} {self.expr(content, ends)} ({end})")
+
+    def triggered(self, node: Mapping[str, Any]) -> str:
+        triggers = list(dict.fromkeys(node["triggers"]))
+        free = self.free(triggers + list(node.get("excludes", [])))
+        alternatives = []
+        for trigger in triggers:
+            lead = self.rule(f"{free} {_lit(trigger)}", "[lazy]")
+            rests = []
+            for tag in node["tags"]:
+                if tag["begin"].startswith(trigger) and not any(
+                    t != trigger and tag["begin"].startswith(t) and len(t) > len(trigger)
+                    for t in triggers
+                ):
+                    rest = {**tag, "type": "tag", "begin": tag["begin"][len(trigger) :]}
+                    rests.append(self.tag(rest))
+            if rests:
+                alternatives.append(f"{lead} ({' | '.join(rests)})")
+        one = self.rule(" | ".join(alternatives))
+        first, more = node.get("stop_after_first", False), node.get("at_least_one", False)
+        if first:
+            return self.rule(one if more else f"{one} | {free}")
+        return self.rule(f"{one}{'+' if more else '*'} {free}")
+
+    def separated(self, node: Mapping[str, Any]) -> str:
+        one = self.rule(" | ".join(self.tag({**t, "type": "tag"}) for t in node["tags"]))
+        more, first = node.get("at_least_one", False), node.get("stop_after_first", False)
+        if first:
+            return self.rule(one if more else f"({one})?")
+        many = f"{one} ({_lit(node['separator'])} {one})*"
+        return self.rule(many if more else f"({many})?")
