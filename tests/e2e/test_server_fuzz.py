@@ -45,6 +45,31 @@ PLAUSIBLE: dict[str, Any] = {
     ),
     "regex": st.sampled_from(["[ab]{1,3}", r"\d+", "("]),
     "ebnf": st.sampled_from(['root ::= "yes" | "no"', "root ::= "]),
+    "structural_tag": st.sampled_from(
+        [
+            {
+                "structures": [{"begin": "@a(", "schema": {"type": "integer"}, "end": ")"}],
+                "triggers": ["@"],
+            },
+            {"structures": [{"begin": "@a(", "end": ")"}], "triggers": ["#"]},
+            {
+                "format": {
+                    "type": "sequence",
+                    "elements": [{"type": "any_text"}, {"type": "const_string", "value": "."}],
+                }
+            },
+            {
+                "format": {
+                    "type": "repeat",
+                    "min": 0,
+                    "max": 10**9,
+                    "content": {"type": "regex", "pattern": "a"},
+                }
+            },
+            {"format": {"type": "token", "token": 1}},
+            '{"format": ',
+        ]
+    ),
     "strict_json_schema": st.booleans(),
     "ignore_eos": st.booleans(),
     "skip_special_tokens": st.booleans(),
@@ -117,7 +142,10 @@ CHAT = st.fixed_dictionaries(
         "top_logprobs": SMALL_INTS,
         "response_format": st.one_of(
             VALUES,
-            st.fixed_dictionaries({"type": st.sampled_from(["json_object", "json_schema", "x"])}),
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["json_object", "json_schema", "x", "structural_tag"])}
+            ),
+            st.just({"type": "structural_tag", "format": {"type": "any_text", "excludes": ["!"]}}),
         ),
         "tools": VALUES,
         "tool_choice": VALUES,
@@ -138,6 +166,7 @@ def check(resp: httpx.Response) -> None:
     assert resp.status_code == 200 or 400 <= resp.status_code < 500, (resp.status_code, resp.text)
     if resp.status_code != 200:
         assert resp.json()["error"]["message"], resp.text
+        assert "internal error" not in resp.text, resp.text  # a backend bug, not a refusal
 
 
 @FUZZ

@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_constrain_support import backend, encode, tokenizer, walk
 
 from weft.constrain import GrammarError, GrammarSpec
@@ -302,3 +304,95 @@ def test_any_text_must_end_the_text_or_come_before_a_string() -> None:
     excluded = fmt({"type": "any_text", "excludes": ["<|", "DROP"]})
     assert verdict(excluded, "fine text") == "complete"
     assert verdict(excluded, "please DROP it") == "blocked"
+
+
+##### Random specs: a compiled grammar or a GrammarError, never another exception #####
+
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2, 5), st.text(max_size=3))
+_LEAVES = st.one_of(
+    st.fixed_dictionaries({"type": st.just("const_string"), "value": st.text(max_size=3)}),
+    st.fixed_dictionaries(
+        {"type": st.just("any_text")}, optional={"excludes": st.lists(st.text(max_size=2))}
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("json_schema"),
+            "json_schema": st.sampled_from([{"type": "integer"}, {}, True, False, 3, {"type": 1}]),
+        }
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("regex"), "pattern": st.sampled_from(["[a-c]+", "(", "a/b", "\\/"])}
+    ),
+    st.fixed_dictionaries(
+        {"type": st.just("grammar"), "grammar": st.sampled_from(['root ::= "y"', "root ::="])}
+    ),
+    st.fixed_dictionaries({"type": st.sampled_from(["token", "nope", "dispatch"])}),
+    _SCALARS,
+)
+_ENDS = st.one_of(
+    st.sampled_from(["</a>", "", ")"]), st.lists(st.sampled_from(["x", ""]), max_size=2)
+)
+
+
+def _nodes(inner: Any) -> Any:
+    tag = st.fixed_dictionaries(
+        {"begin": st.sampled_from(["<a>", "@x", "", 3]), "content": inner, "end": _ENDS}
+    )
+    return st.one_of(
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["sequence", "or"]), "elements": st.lists(inner, max_size=3)}
+        ),
+        tag.map(lambda t: {"type": "tag", **t}),
+        st.fixed_dictionaries(
+            {
+                "type": st.just("triggered_tags"),
+                "triggers": st.lists(st.sampled_from(["<a", "@", "", "<a>"]), max_size=2),
+                "tags": st.lists(tag, max_size=2),
+            },
+            optional={"at_least_one": st.booleans(), "stop_after_first": _SCALARS},
+        ),
+        st.fixed_dictionaries(
+            {"type": st.just("tags_with_separator"), "tags": st.lists(tag, max_size=2)},
+            optional={"separator": _SCALARS, "at_least_one": st.booleans()},
+        ),
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["optional", "plus", "star"]), "content": inner}
+        ),
+        st.fixed_dictionaries(
+            {
+                "type": st.just("repeat"),
+                "min": st.sampled_from([0, 1, 3, -1, 10**9]),
+                "max": st.sampled_from([0, 2, 10**9, "2"]),
+                "content": inner,
+            }
+        ),
+    )
+
+
+FORMATS = st.recursive(_LEAVES, _nodes, max_leaves=5)
+OLDER = st.fixed_dictionaries(
+    {
+        "structures": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "begin": st.sampled_from(["@a(", "<f>", ""]),
+                    "schema": st.sampled_from([{"type": "integer"}, None, 3]),
+                    "end": st.sampled_from([")", ""]),
+                }
+            ),
+            max_size=2,
+        ),
+        "triggers": st.lists(st.sampled_from(["@", "<f", "", "@a"]), max_size=2),
+    }
+)
+STRUCTURAL = st.one_of(OLDER, st.fixed_dictionaries({"format": FORMATS}), _SCALARS)
+
+
+@settings(max_examples=150, deadline=None)
+@given(STRUCTURAL)
+def test_random_specs_compile_or_are_refused_with_a_reason(tag: Any) -> None:
+    try:
+        spec = GrammarSpec.structural_tag(tag)
+        backend("llguidance").compile(spec)
+    except GrammarError as e:
+        assert str(e)
