@@ -239,3 +239,15 @@ def test_a_backtracking_stop_regex_aborts_its_request_only(engine: Any) -> None:
     with pytest.raises(ValueError, match="catastrophic backtracking"):
         gen(engine, max_new_tokens=80, stop_regex=["( world| world world)+x"], **FORCE_WORLD)
     assert gen(engine, stop="world w", **FORCE_WORLD)["text"] == " "  # still serving
+
+
+def test_the_state_counts_steps_and_their_wall_time_per_kind(engine: Any) -> None:
+    """get_state: extend / decode steps and the launch-to-launch time of each (µs); a step
+    followed by an idle wait is not counted, so a request of n tokens adds >= n - 2 decodes."""
+    before = engine.get_state()
+    engine.generate(input_ids=[[11, 12, 13], [14, 15]], sampling_params={"max_new_tokens": 6})
+    after = engine.get_state()
+    decodes = after["decode_steps"] - before["decode_steps"]
+    assert 6 - 2 <= decodes <= 6 - 1 and after["extend_steps"] > before["extend_steps"]
+    assert after["decode_us"] - before["decode_us"] >= 100 * decodes  # a CPU step: > 0.1 ms
+    assert after["extend_us"] > before["extend_us"]
