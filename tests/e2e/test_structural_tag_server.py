@@ -149,3 +149,19 @@ def test_the_newer_format_form_through_the_openai_client(client: openai.OpenAI) 
             messages=CHAT,
             response_format={"type": "structural_tag", "format": {"type": "token", "token": 1}},
         )
+
+
+def test_streamed_and_n_2_outputs_hold_valid_tags(client: openai.OpenAI, at_id: str) -> None:
+    """Streaming deltas add up to a valid text; n=2 choices (matcher copies) each hold tags."""
+    common: Any = {"model": MODEL, "messages": CHAT, "response_format": TAG, "max_tokens": 48}
+    stream = client.chat.completions.create(
+        **common, logit_bias={at_id: 100}, temperature=0, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert check_tags(text) >= 2
+    both = client.chat.completions.create(
+        **common, logit_bias={at_id: 100}, n=2, temperature=1.0, seed=3
+    )
+    assert len(both.choices) == 2
+    for choice in both.choices:
+        assert check_tags(choice.message.content or "") >= 2
