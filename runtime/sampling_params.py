@@ -41,7 +41,7 @@ class SamplingParams:
     json_schema: str | None = None  # JSON text (a dict given to from_dict is json.dumps'ed)
     regex: str | None = None
     ebnf: str | None = None
-    structural_tag: str | None = None  # JSON text: {"structures": [...], "triggers": [...]}
+    structural_tag: str | None = None  # JSON text: {"structures", "triggers"} or {"format"}
     strict_json_schema: bool = False  # refuse json_schema keywords the grammar cannot enforce
     ignore_eos: bool = False
     skip_special_tokens: bool = True

@@ -62,7 +62,7 @@ class JsonSchemaSpec(_Strict):
 
 
 class ResponseFormat(BaseModel):
-    # extra allowed: structural_tag carries its own fields (structures, triggers; checked later)
+    # extra allowed: structural_tag carries its own fields (structures and triggers, or format)
     model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
     type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaSpec | None = None
@@ -232,7 +232,7 @@ def _structural_tag(fmt: ResponseFormat) -> str:
     """The structural_tag sampling parameter (canonical JSON), checked here for a clear 400."""
     if fmt.json_schema is not None or fmt.schema_ is not None:
         raise BadRequest(
-            "response_format structural_tag takes structures and triggers, not a schema",
+            "response_format structural_tag takes structures and triggers, or a format; not a schema",
             400,
             "response_format",
         )
