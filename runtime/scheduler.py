@@ -123,6 +123,8 @@ class Scheduler(RequestIntake):
 
     def receive(self, parent_pid: int) -> None:
         """Wait for something to do (rank 0 reads the channel and shares it), then apply it."""
+        if not self.has_work():
+            self._last_launch = None  # the last step is followed by a wait: not counted
         inbox = self.collect(parent_pid) if self.is_leader else None
         if self.tp is not None:
             if not self.is_leader and not self.has_work() and not self.grammars.pending:
