@@ -79,14 +79,14 @@ class Scheduler(RequestIntake):
             "cached_tokens": 0,
             "overlapped_steps": 0,  # launched while the step before was still in flight
             "mixed_steps": 0,  # prefill steps that also decoded running requests
-            # launch-to-launch wall time per step kind, in µs: with overlap, the device's time
-            # of each step (a step followed by an idle wait is not counted)
+            # steps launched per kind, and their launch-to-launch wall time in µs (with overlap,
+            # the device's time of each step); a step followed by an idle wait adds no time
             "extend_steps": 0,
             "extend_us": 0,
             "decode_steps": 0,
             "decode_us": 0,
         }
-        self._last_launch: tuple[ForwardMode, float] | None = None
+        self._last_launch: tuple[str, float] | None = None
         self.checked_idle = True
         scale = 1 if self.is_leader else FOLLOWER_GRAMMAR_TIMEOUT_SCALE
         self.grammars = GrammarQueue(
@@ -278,13 +278,16 @@ class Scheduler(RequestIntake):
         samples is `ahead` (known on the device only) until its results are processed."""
         now = time.perf_counter()
         if self._last_launch is not None:
-            mode, at = self._last_launch
-            kind = "decode" if mode == ForwardMode.DECODE else "extend"
-            self.stats[f"{kind}_steps"] += 1
+            kind, at = self._last_launch
             self.stats[f"{kind}_us"] += int((now - at) * 1e6)
-        self._last_launch = None if batch is None else (batch.mode, now)
         if batch is None:
+            self._last_launch = None
             return None
+        # NOTE: counted here, not when the next launch times it: a get_state answered in between
+        # sees every step whose results it may have seen
+        kind = "decode" if batch.mode == ForwardMode.DECODE else "extend"
+        self.stats[f"{kind}_steps"] += 1
+        self._last_launch = (kind, now)
         step = self.runner.launch(batch)
         self.stats["overlapped_steps"] += self.inflight is not None
         for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
