@@ -78,37 +78,43 @@ class LLGuidanceBackend(GrammarBackend):
         self._limits = llguidance.LLParserLimits(**PARSER_LIMITS)
         self._json_options: dict[str, Any] = {"whitespace_pattern": json_whitespace}
         self._json_whitespace = json_whitespace
-        never = (space.special_ids | space.stop_ids) & set(range(space.tokenizer_size))
-        self._special_texts = {str(tokenizer.convert_ids_to_tokens(i)) for i in sorted(never)}
+        # the texts of special / added tokens, which structural tags write as the token itself
+        text_of = {i: str(tokenizer.convert_ids_to_tokens(i)) for i in range(space.tokenizer_size)
+                   if i in space.special_ids or i in space.stop_ids}  # fmt: skip
+        self._stop_texts = {text_of[i] for i in space.stop_ids if i in text_of}
+        self._token_ids = {t: i for i, t in text_of.items() if i in space.special_ids and t}
 
     @property
     def cache_key(self) -> tuple[object, ...]:
         return (*super().cache_key, self._json_whitespace)
 
     def compile(self, spec: GrammarSpec, timeout_s: float | None = None) -> CompiledGrammar:
-        matcher, dropped = self._repaired_matcher(spec)
+        matcher, dropped, structure_ids = self._repaired_matcher(spec)
         unenforced = (
             dropped + llguidance_keywords(matcher.get_grammar_warnings())
             if spec.kind in ("json_schema", "structural_tag")
             else []
         )
-        compiled = LLGuidanceGrammar(spec, unenforced, self.space, matcher, self._prefetch)
+        space = self.space.allowing(structure_ids)
+        compiled = LLGuidanceGrammar(spec, unenforced, space, matcher, self._prefetch)
         compiled.warm_up()
         if matcher.is_error():
             raise self._refusal(spec, matcher.get_error())
         return compiled
 
-    def _matcher(self, spec: GrammarSpec) -> Any:
-        grammar = self._grammar_text(spec)
-        return llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=self._limits)
+    def _matcher(self, spec: GrammarSpec) -> tuple[Any, frozenset[int]]:
+        """A matcher for `spec`, and the structure tokens its grammar writes (structural tags)."""
+        grammar, ids = self._grammar_text(spec)
+        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=self._limits)
+        return matcher, ids
 
     ##### Repairs: what the library cannot compile, dropped and reported (refused if strict) #####
 
-    def _repaired_matcher(self, spec: GrammarSpec) -> tuple[Any, list[str]]:
+    def _repaired_matcher(self, spec: GrammarSpec) -> tuple[Any, list[str], frozenset[int]]:
         """(a matcher for `spec`, or for `spec` less what the library failed on, the keywords so
-        dropped). Each round drops what the library's error is about and compiles again; an error
+        dropped, its structure tokens). Each round drops what the library's error is about and compiles again; an error
         that no repair removes anything for refuses the spec with the library's reason."""
-        matcher = self._matcher(spec)
+        matcher, ids = self._matcher(spec)
         dropped: list[str] = []
         patterns: dict[str, str] = {}  # pattern -> the library's error about it ("" if none)
         repairs = (
@@ -125,10 +131,10 @@ class LLGuidanceBackend(GrammarBackend):
             if repaired is None:
                 break
             current = GrammarSpec.json_schema(repaired[0], spec.strict)
-            matcher, dropped = self._matcher(current), dropped + repaired[1]
+            matcher, dropped = self._matcher(current)[0], dropped + repaired[1]
         if matcher.is_error():
             raise self._refusal(spec, matcher.get_error())
-        return matcher, list(dict.fromkeys(dropped))
+        return matcher, list(dict.fromkeys(dropped)), ids
 
     # Each repair: (`schema` without what `error` is about, the keywords so dropped), or None where
     # it does not apply or removes nothing; where it applies to a strict spec, a GrammarError.
@@ -186,7 +192,12 @@ class LLGuidanceBackend(GrammarBackend):
             cache[pattern] = " ".join(error.split())[:300]
         return cache[pattern]
 
-    def _grammar_text(self, spec: GrammarSpec) -> str:
+    def _grammar_text(self, spec: GrammarSpec) -> tuple[str, frozenset[int]]:
+        if spec.kind == "structural_tag":
+            return self._structural_tag_grammar(spec)
+        return self._plain_grammar_text(spec), frozenset()
+
+    def _plain_grammar_text(self, spec: GrammarSpec) -> str:
         make = llguidance.LLMatcher
         if spec.kind in ("json_schema", "json_object"):
             schema = spec.spec if spec.kind == "json_schema" else '{"type":"object"}'
@@ -200,27 +211,26 @@ class LLGuidanceBackend(GrammarBackend):
         if spec.kind == "choices":
             lark = "start: " + " | ".join(json.dumps(c) for c in spec.choice_list())
             return make.grammar_from_lark(lark)
-        if spec.kind == "structural_tag":
-            return self._structural_tag_grammar(spec)
         try:
             return llguidance.grammar_from("ebnf", spec.spec)  # Lark, or GBNF converted to Lark
         except ValueError as e:
             raise GrammarError(f"invalid ebnf grammar: {e}") from None
 
-    def _structural_tag_grammar(self, spec: GrammarSpec) -> str:
+    def _structural_tag_grammar(self, spec: GrammarSpec) -> tuple[str, frozenset[int]]:
+        """The grammar and its structure tokens (special / added tokens its tags hold)."""
         tree = structural_tag_format(spec.spec)
         for text in format_texts(tree):
-            for special in self._special_texts:
-                if special in text:
+            for stop in self._stop_texts:
+                if stop in text:
                     raise GrammarError(
-                        f"structural_tag text {text!r} holds {special!r}, a special token of the "
-                        "model's tokenizer: constrained output never contains special tokens"
+                        f"structural_tag text {text!r} holds {stop!r}, a stop token of the "
+                        "model: it would end the output"
                     )
         options = {**self._json_options, "lenient": not self.strict_for(spec)}
-        grammar = format_grammar(tree, options)
-        return (
-            grammar if grammar.startswith("{") else llguidance.LLMatcher.grammar_from_lark(grammar)
-        )
+        grammar, ids = format_grammar(tree, options, self._token_ids)
+        if not grammar.startswith("{"):
+            grammar = llguidance.LLMatcher.grammar_from_lark(grammar)
+        return grammar, ids
 
     def _refusal(self, spec: GrammarSpec, message: str) -> GrammarError:
         if spec.kind in ("json_schema", "structural_tag") and (

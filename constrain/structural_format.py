@@ -6,11 +6,17 @@ Token-level formats (token, exclude_token, any_tokens, token_triggered_tags, dis
 options beyond plain JSON (`style`, `any_order`, ...) are refused by name, never approximated.
 `any_text` runs to the end of the text, or (inside a tag or a sequence) up to the first
 occurrence of the string that follows it.
+
+Structure tokens: where a literal (a begin, an end, a trigger, a separator, a const_string) holds
+the text of one of the model's special or added tokens (Qwen's `<tool_call>`, Llama's
+`<|python_tag|>`), that part is the token itself, as the model writes it, not its text spelled in
+ordinary tokens. A trigger may hold such a token only at its start.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -86,15 +92,21 @@ def format_texts(node: Mapping[str, Any]) -> list[str]:
     return [t for t in out if t]
 
 
-def format_grammar(node: Mapping[str, Any], json_options: Mapping[str, Any]) -> str:
-    """The llguidance grammar of a checked format tree (Lark text, or JSON with side grammars)."""
-    builder = _Builder(dict(json_options))
+def format_grammar(
+    node: Mapping[str, Any],
+    json_options: Mapping[str, Any],
+    tokens: Mapping[str, int] | None = None,
+) -> tuple[str, frozenset[int]]:
+    """The llguidance grammar of a checked format tree (Lark text, or JSON with side grammars),
+    and the structure tokens it holds: the ids of `tokens` (text -> id of the model's special
+    and added tokens) whose text appears in its literals."""
+    builder = _Builder(dict(json_options), dict(tokens or {}))
     top = builder.expr(node, follow=None)
     main = "%llguidance {}\nstart: " + top + "\n" + "\n".join(builder.rules) + "\n"
     if not builder.side:
-        return main
+        return main, frozenset(builder.used)
     grammars = [{"name": "structural_tag", "lark_grammar": main}, *builder.side]
-    return json.dumps({"grammars": grammars})
+    return json.dumps({"grammars": grammars}), frozenset(builder.used)
 
 
 ##### Internal Helper Functions #####
@@ -211,10 +223,44 @@ def _free_text(excluded: list[str]) -> str:
 class _Builder:
     """Lark rules for a format tree; `expr` returns what to write where the format stands."""
 
-    def __init__(self, json_options: dict[str, Any]) -> None:
+    def __init__(self, json_options: dict[str, Any], tokens: dict[str, int]) -> None:
         self.json_options = json_options
         self.rules: list[str] = []
         self.side: list[dict[str, str]] = []
+        self.tokens = tokens
+        self.used: set[int] = set()  # structure tokens written
+        # longest first: at each position the longest token text wins
+        ordered = sorted(tokens, key=len, reverse=True)
+        self._token_re = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+
+    def pieces(self, text: str) -> list[str | int]:
+        """`text` cut into plain text and structure tokens (ids), in order."""
+        if self._token_re is None:
+            return [text] if text else []
+        out: list[str | int] = []
+        at = 0
+        for m in self._token_re.finditer(text):
+            if m.start() > at:
+                out.append(text[at : m.start()])
+            out.append(self.tokens[m.group()])
+            at = m.end()
+        if at < len(text):
+            out.append(text[at:])
+        return out
+
+    def lit(self, text: str) -> str:
+        """A literal as a Lark sequence: quoted text, and `<[id]>` for each structure token."""
+        parts = []
+        for piece in self.pieces(text) or [""]:
+            if isinstance(piece, int):
+                self.used.add(piece)
+                parts.append(f"<[{piece}]>")
+            else:
+                parts.append(_lit(piece))
+        return " ".join(parts)
+
+    def has_token(self, texts: list[str]) -> bool:
+        return any(isinstance(p, int) for t in texts for p in self.pieces(t))
 
     def rule(self, body: str, attrs: str = "") -> str:
         name = f"r{len(self.rules)}"
@@ -232,7 +278,7 @@ class _Builder:
         the text; []: something that is not a string (any_text there is refused)."""
         kind = node["type"]
         if kind == "const_string":
-            return _lit(node["value"])
+            return self.lit(node["value"])
         if kind == "json_schema":
             schema = node["json_schema"]
             schema = {} if schema is True else schema
@@ -276,8 +322,12 @@ class _Builder:
             raise GrammarError(
                 "structural_tag any_text must end the text or be followed by a non-empty string"
             )
+        ends = " | ".join(self.lit(f) for f in follow)
+        if self.has_token(follow):
+            # NOTE: a lazy rule is one lexeme, which a token cannot be part of: the text instead
+            # excludes what follows (spelled out), so it ends where the token comes
+            return self.rule(f"{self.free(excludes + list(follow))} ({ends})")
         # lazy: the text ends at the first occurrence of what follows (which it then includes)
-        ends = " | ".join(_lit(f) for f in follow)
         return self.rule(f"{self.free(excludes)} ({ends})", "[lazy]")
 
     def sequence(self, elements: list[Mapping[str, Any]], follow: list[str] | None) -> str:
@@ -300,17 +350,26 @@ class _Builder:
 
     def tag(self, node: Mapping[str, Any]) -> str:
         content, ends = node["content"], _ends(node)
+        begin = self.lit(node["begin"])
         if content["type"] == "any_text":  # up to (and with) the first end
-            return self.rule(f"{_lit(node['begin'])} {self.any_text(content.get('excludes', []), ends)}")  # fmt: skip
-        end = " | ".join(_lit(e) for e in ends)
-        return self.rule(f"{_lit(node['begin'])} {self.expr(content, ends)} ({end})")
+            return self.rule(f"{begin} {self.any_text(content.get('excludes', []), ends)}")
+        end = " | ".join(self.lit(e) for e in ends)
+        return self.rule(f"{begin} {self.expr(content, ends)} ({end})")
 
     def triggered(self, node: Mapping[str, Any]) -> str:
         triggers = list(dict.fromkeys(node["triggers"]))
         free = self.free(triggers + list(node.get("excludes", [])))
         alternatives = []
         for trigger in triggers:
-            lead = self.rule(f"{free} {_lit(trigger)}", "[lazy]")
+            pieces = self.pieces(trigger)
+            if any(isinstance(p, int) for p in pieces[1:]):
+                raise GrammarError(
+                    f"structural_tag trigger {trigger!r}: a special token may only start a trigger"
+                )
+            if isinstance(pieces[0], int):  # the token ends the free text (no lazy lexeme)
+                lead = self.rule(f"{free} {self.lit(trigger)}")
+            else:
+                lead = self.rule(f"{free} {_lit(trigger)}", "[lazy]")
             rests = []
             for tag in node["tags"]:
                 if tag["begin"].startswith(trigger) and not any(
@@ -332,5 +391,5 @@ class _Builder:
         more, first = node.get("at_least_one", False), node.get("stop_after_first", False)
         if first:
             return self.rule(one if more else f"({one})?")
-        many = f"{one} ({_lit(node['separator'])} {one})*"
+        many = f"{one} ({self.lit(node['separator'])} {one})*"
         return self.rule(many if more else f"({many})?")

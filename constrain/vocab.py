@@ -48,6 +48,19 @@ class TokenSpace:
         self._stops = _word_masks(self.stop_ids, invert=False)
         self._pad_from = (tokenizer_size + 31) // 32  # first word holding only padded ids
 
+    def allowing(self, structure_ids: Collection[int]) -> TokenSpace:
+        """This space with `structure_ids` (special or added tokens a grammar writes itself,
+        such as a tool-call tag) allowed wherever that grammar allows them."""
+        ids = frozenset(structure_ids)
+        if not ids:
+            return self
+        assert not ids & self.stop_ids, "a stop id is never a structure token"
+        space = TokenSpace(
+            self.vocab_size, self.tokenizer_size, self.stop_ids, self.special_ids - ids, ""
+        )
+        space.fingerprint = self.fingerprint
+        return space
+
     def is_content(self, token: int) -> bool:
         return (
             0 <= token < self.tokenizer_size

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_constrain_support import backend, encode, tokenizer, walk
+from test_constrain_support import STOP, VOCAB, allowed, backend, encode, tokenizer, walk
 
-from weft.constrain import GrammarError, GrammarSpec
+from weft.constrain import GrammarError, GrammarSpec, allocate_bitmask
 from weft.runtime.sampling_params import SamplingParams
 
 WEATHER = {
@@ -183,13 +183,66 @@ def test_bad_specs_are_refused_with_the_reason(tag: Any, message: str) -> None:
         GrammarSpec.structural_tag(tag)
 
 
-def test_special_tokens_in_tags_and_the_outlines_backend_are_refused() -> None:
-    special = {
-        "structures": [{"begin": "<|im_start|>call", "end": ""}],
-        "triggers": ["<|im_start|>"],
+FILENAME, FILE_SEP = 6, 5  # SmolLM2's added (special) tokens <filename> and <file_sep>
+FILE_TAG = {
+    "structures": [{"begin": "<filename>{", "schema": WEATHER, "end": "}<file_sep>"}],
+    "triggers": ["<filename>"],
+}
+
+
+def test_special_tokens_in_tags_are_the_tokens_themselves() -> None:
+    """A tag text holding a special / added token's text (as Qwen's <tool_call> is) means that
+    token: the model writes it as the one token, never spelled out in ordinary tokens, and no
+    other special token is allowed."""
+    schema = {**WEATHER, "properties": {"city": {"type": "string"}}}
+    tag = {**FILE_TAG, "structures": [{**FILE_TAG["structures"][0], "schema": schema}]}
+    tag["structures"][0]["begin"], tag["structures"][0]["end"] = "<filename>", "<file_sep>"
+    text_ids = encode("Let me look. ")
+    value_ids = encode('{"city": "Oslo"}')
+    assert FILENAME not in text_ids and encode("<filename>") == [FILENAME]
+    done = encode(" Done.")
+    m = compiled(tag).matcher()
+    w = walk(m, [*text_ids, FILENAME, *value_ids, FILE_SEP, *done])
+    assert w.accepted and not w.forced_mismatch
+    after = len(text_ids) + len(value_ids) + 2  # the free text again, after <file_sep>
+    assert w.early_stops == [*range(len(text_ids) + 1), *range(after, after + len(done))]
+    # the value must follow the token; other special tokens are never allowed
+    m = compiled(tag).matcher()
+    bitmask = allocate_bitmask(1, VOCAB)
+    m.fill_bitmask(bitmask, 0)
+    assert allowed(bitmask, FILENAME) and not allowed(bitmask, FILE_SEP)
+    assert not allowed(bitmask, 1) and allowed(bitmask, STOP)
+    assert m.accept_token(FILENAME) and not m.accept_token(FILE_SEP)
+    # spelled out in ordinary tokens, the trigger's text is not free text
+    spelled = [i for piece in ("<", "filename", ">") for i in encode(piece)]
+    assert walk(compiled(tag).matcher(), spelled).blocked_at is not None
+    # jump-forward: a token inside a literal is forced like text
+    name = fmt({"type": "sequence", "elements": [
+        {"type": "const_string", "value": "Name:<filename>"}, {"type": "any_text"},
+    ]})  # fmt: skip
+    assert compiled(name).matcher().forced_tokens() == [*encode("Name:"), FILENAME]
+
+
+def test_structure_tokens_in_the_newer_form_and_what_is_refused() -> None:
+    tag = fmt({"type": "sequence", "elements": [
+        {"type": "const_string", "value": "<filename>"},
+        {"type": "any_text"},
+        {"type": "const_string", "value": "<file_sep>"},
+    ]})  # fmt: skip
+    assert verdict(tag, "<filename>notes.txt<file_sep>") == "complete"
+    assert verdict(tag, "<filename>notes<file_sep>more") == "blocked"
+    stop = {"structures": [{"begin": "<|im_end|>call", "end": ""}], "triggers": ["<|im_end|>"]}
+    with pytest.raises(GrammarError, match="a stop token of the model"):
+        compiled(stop)
+    inside = {
+        "structures": [{"begin": "call<filename>", "end": ""}],
+        "triggers": ["call<filename>"],
     }
-    with pytest.raises(GrammarError, match="special token"):
-        compiled(special)
+    with pytest.raises(GrammarError, match="a special token may only start a trigger"):
+        compiled(inside)
+
+
+def test_the_outlines_backend_refuses_structural_tags() -> None:
     with pytest.raises(GrammarError, match="outlines backend does not support structural_tag"):
         backend("outlines").compile(GrammarSpec.structural_tag(TOOLS))
 
