@@ -25,8 +25,8 @@ class GrammarSpec:
     properties in schema order, so reordering keys would change the grammar). `choices`: a JSON
     list of strings. `json_object`: any JSON object (spec is ""). `regex`/`ebnf`: the text as given.
     `structural_tag`: SGLang's structures + triggers, or xgrammar's format, as compact JSON.
-    `strict` (json_schema only; OpenAI's `strict: true`): refuse the schema if the backend cannot
-    enforce one of its keywords, as the backend-wide `strict` does for every schema.
+    `strict` (json_schema and structural_tag; OpenAI's `strict: true`): refuse the spec if the
+    backend cannot enforce one of its schema keywords, as the backend-wide `strict` does for all.
     """
 
     kind: GrammarKind
@@ -36,8 +36,8 @@ class GrammarSpec:
     def __post_init__(self) -> None:
         if self.kind not in get_args(GrammarKind):
             raise GrammarError(f"unknown grammar kind {self.kind!r}")
-        if self.strict and self.kind != "json_schema":
-            raise GrammarError(f"strict applies to json_schema only, not to {self.kind}")
+        if self.strict and self.kind not in ("json_schema", "structural_tag"):
+            raise GrammarError(f"strict applies to json_schema and structural_tag, not {self.kind}")
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | bool | str, strict: bool = False) -> GrammarSpec:
@@ -68,10 +68,10 @@ class GrammarSpec:
         return cls("ebnf", grammar)
 
     @classmethod
-    def structural_tag(cls, tag: dict[str, Any] | str) -> GrammarSpec:
+    def structural_tag(cls, tag: dict[str, Any] | str, strict: bool = False) -> GrammarSpec:
         from weft.constrain.structural_tag import canonical_structural_tag
 
-        return cls("structural_tag", canonical_structural_tag(tag))
+        return cls("structural_tag", canonical_structural_tag(tag), strict)
 
     @classmethod
     def choices(cls, items: Sequence[str]) -> GrammarSpec:

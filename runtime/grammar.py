@@ -35,7 +35,7 @@ def grammar_spec(params: SamplingParams) -> GrammarSpec | None:
     if params.ebnf is not None:
         return GrammarSpec.ebnf(params.ebnf)
     if params.structural_tag is not None:
-        return GrammarSpec.structural_tag(params.structural_tag)
+        return GrammarSpec.structural_tag(params.structural_tag, strict=params.strict_json_schema)
     return None
 
 

@@ -42,7 +42,8 @@ class SamplingParams:
     regex: str | None = None
     ebnf: str | None = None
     structural_tag: str | None = None  # JSON text: {"structures", "triggers"} or {"format"}
-    strict_json_schema: bool = False  # refuse json_schema keywords the grammar cannot enforce
+    # refuse schema keywords the grammar cannot enforce (json_schema, structural_tag schemas)
+    strict_json_schema: bool = False
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -163,8 +164,8 @@ def _check_ranges(p: SamplingParams) -> None:
             json.loads(p.structural_tag)
         except ValueError as e:
             raise ValueError(f"structural_tag must be valid JSON text: {e}") from None
-    if p.strict_json_schema and p.json_schema is None:
-        raise ValueError("strict_json_schema needs a json_schema to apply to")
+    if p.strict_json_schema and p.json_schema is None and p.structural_tag is None:
+        raise ValueError("strict_json_schema needs a json_schema or structural_tag to apply to")
     for token_id, bias in (p.logit_bias or {}).items():
         if token_id < 0:
             raise ValueError(f"logit_bias token ids must be non-negative, got {token_id}")

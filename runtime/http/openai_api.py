@@ -35,6 +35,7 @@ from weft.runtime.http.tool_calls import (
     finish_reason,
     split_output,
     stream_deltas,
+    tool_call_format,
 )
 from weft.runtime.tokenizer_manager import ReqState, TokenizerManager
 
@@ -220,7 +221,8 @@ async def chat_completions(request: Request) -> Response:
             "max_completion_tokens",
         )
     messages = normalize_messages(req.messages)
-    plan = req.tool_plan()
+    template = state.chat_template or getattr(rt.tokenizer, "chat_template", None)
+    plan = req.tool_plan(tool_call_format(template))
     prompt = render_chat(
         rt.tokenizer,
         messages,
@@ -230,17 +232,17 @@ async def chat_completions(request: Request) -> Response:
         template_kwargs=req.chat_template_kwargs,
     )
     params = req.sampling_params(max_new, _generation_defaults(str(rt.model_path)))
-    if plan.json_schema is not None:
+    constraint = plan.constraint()
+    if constraint:
         if any(k in params for k in ("json_schema", "regex", "ebnf", "structural_tag")):
+            why = "strict functions" if plan.mode == "auto" else f"tool_choice {plan.mode}"
             raise BadRequest(
-                f"tool_choice {plan.mode} constrains the output to a tool call: it cannot be "
-                "combined with response_format, json_schema, regex or ebnf",
+                f"the output's tool calls are constrained ({why}): this cannot be combined "
+                "with response_format, json_schema, regex, ebnf or structural_tag",
                 400,
                 "tool_choice",
             )
-        params["json_schema"] = plan.json_schema
-        if plan.strict:
-            params["strict_json_schema"] = True
+        params.update(constraint)
     rid = req.rid if isinstance(req.rid, str) else f"chatcmpl-{uuid.uuid4().hex}"
     obj = GenerateInput(
         input_ids=prompt,

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from weft.constrain import GrammarError, GrammarSpec
 from weft.runtime.http.app import BadRequest
-from weft.runtime.http.tool_calls import ToolPlan, plan_tools
+from weft.runtime.http.tool_calls import ToolFormat, ToolPlan, plan_tools
 
 # Known fields weft cannot honour: a 400 naming the field when one is set (not null).
 UNSUPPORTED_FIELDS = {
@@ -207,12 +207,13 @@ class ChatCompletionRequest(_Common):
     audio: Any = None
     prediction: Any = None
 
-    def tool_plan(self) -> ToolPlan:
-        """What tools / tool_choice / parallel_tool_calls ask (weft.runtime.http.tool_calls)."""
+    def tool_plan(self, tool_format: ToolFormat | None = "hermes") -> ToolPlan:
+        """What tools / tool_choice / parallel_tool_calls ask (weft.runtime.http.tool_calls), for
+        a model whose chat template asks for `tool_format` calls."""
         tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
         choice = self.tool_choice
         named = choice.model_dump() if isinstance(choice, NamedToolChoice) else None
-        return plan_tools(tools, named or choice, self.parallel_tool_calls)
+        return plan_tools(tools, named or choice, self.parallel_tool_calls, tool_format)
 
 
 def _format_schema(fmt: ResponseFormat) -> str:

@@ -8,9 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from weft.constrain import GrammarError, GrammarSpec
 from weft.runtime.http.app import BadRequest
 
 Mode = Literal["none", "auto", "required", "named"]
+ToolFormat = Literal["hermes", "mistral"]  # the tool-call formats a structural tag constrains
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"  # Hermes / Qwen, anywhere in the text
 MISTRAL = "[TOOL_CALLS]"  # Mistral: a JSON array of calls follows, anywhere in the text
@@ -44,6 +46,18 @@ class ToolPlan:
     parallel: bool = True  # False: at most one call
     named: str | None = None  # the function of a named tool_choice
     strict: bool = False  # a constrained function says strict: refuse unenforceable keywords
+    structural_tag: str | None = None  # auto with strict functions: calls constrained in text
+
+    def constraint(self) -> dict[str, Any]:
+        """The sampling parameters of the plan's constraint ({} when nothing is constrained)."""
+        out: dict[str, Any] = {}
+        if self.json_schema is not None:
+            out["json_schema"] = self.json_schema
+        if self.structural_tag is not None:
+            out["structural_tag"] = self.structural_tag
+        if out and self.strict:
+            out["strict_json_schema"] = True
+        return out
 
     def parser(self) -> ToolCallParser | None:
         if self.mode == "none":
@@ -56,12 +70,15 @@ def plan_tools(
     tools: list[dict[str, Any]] | None,
     choice: str | Mapping[str, Any] | None,
     parallel: bool | None,
+    tool_format: ToolFormat | None = "hermes",
 ) -> ToolPlan:
     """The ToolPlan of a request's tools (OpenAI dicts) and tool_choice ("none", "auto",
     "required", {"type": "function", "function": {"name"}}, or None: auto when tools are given).
     BadRequest for a bad combination. `strict: true` on a function makes the constraint strict:
-    with required, if any tool says so (a refused keyword cannot be traced to one function);
-    with auto nothing is constrained (calls are parsed), so strict has nothing to refuse."""
+    with required, if any tool says so (a refused keyword cannot be traced to one function).
+    With auto, calls are parsed out of free text; if a function says strict, a structural tag in
+    the model's `tool_format` (`tool_call_format` of its chat template) makes every call the
+    model opens hold a valid call: a known name and arguments of its schema (as SGLang does)."""
     if not tools:
         if choice is not None and choice != "none":
             raise BadRequest("tool_choice is only allowed when tools are given", 400, "tool_choice")
@@ -72,7 +89,21 @@ def plan_tools(
     params = {str(t["function"]["name"]): t["function"].get("parameters") for t in tools}
     params = {name: schema or {"type": "object"} for name, schema in params.items()}
     if choice is None or choice == "auto":
-        return ToolPlan("auto", tools, None, parallel=not one)
+        if not any(t["function"].get("strict") for t in tools):
+            return ToolPlan("auto", tools, None, parallel=not one)
+        if tool_format is None:
+            raise BadRequest(
+                "strict functions with tool_choice auto: this model's tool calls (a JSON message, "
+                "as Llama 3.1's template asks) cannot be constrained inside free text; use "
+                'tool_choice "required" or a named function, or drop strict',
+                400,
+                "tools",
+            )
+        try:
+            tag = tool_call_tag(params, tool_format, parallel=not one)
+        except GrammarError as e:
+            raise BadRequest(f"tools: {e}", 400, "tools") from None
+        return ToolPlan("auto", tools, None, parallel=not one, strict=True, structural_tag=tag)
     if choice == "required":
         calls = [
             {
@@ -95,6 +126,43 @@ def plan_tools(
     strict = any(t["function"].get("strict") for t in tools if t["function"]["name"] == name)
     schema = json.dumps(params[name])
     return ToolPlan("named", tools, schema, parallel=False, named=name, strict=strict)
+
+
+def tool_call_format(chat_template: str | Mapping[str, str] | None) -> ToolFormat | None:
+    """The tool-call format a chat template asks of the model: "mistral" (`[TOOL_CALLS] [...]`),
+    "hermes" (`<tool_call>{...}</tool_call>` blocks: Hermes, Qwen; also for a template that
+    names no format, as the parser's default), or None: a whole-message JSON call (Llama 3.x),
+    which no trigger can open inside free text."""
+    if isinstance(chat_template, Mapping):
+        chat_template = "\n".join(str(t) for t in chat_template.values())
+    text = chat_template or ""
+    if MISTRAL in text:
+        return "mistral"
+    if HERMES_OPEN in text:
+        return "hermes"
+    if PYTHON_TAG in text or '"parameters": ' in text:
+        return None
+    return "hermes"
+
+
+def tool_call_tag(params: Mapping[str, Any], tool_format: ToolFormat, parallel: bool = True) -> str:
+    """A structural tag (xgrammar's format form, canonical JSON) for calls in `tool_format`:
+    free text, in which the format's marker opens a call of one of the functions of `params`
+    (name -> parameters schema) with arguments of its schema; with `parallel` False, the output
+    ends after the first call."""
+    trigger = HERMES_OPEN if tool_format == "hermes" else MISTRAL
+    tags = []
+    for name, schema in params.items():
+        head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
+        if tool_format == "hermes":
+            begin, end = f"{HERMES_OPEN}\n{head}", "}\n" + HERMES_CLOSE
+        else:
+            begin, end = f"{MISTRAL} [{head}", "}]"
+        content = {"type": "json_schema", "json_schema": schema}
+        tags.append({"begin": begin, "content": content, "end": end})
+    node = {"type": "triggered_tags", "triggers": [trigger], "tags": tags,
+            "stop_after_first": not parallel}  # fmt: skip
+    return GrammarSpec.structural_tag({"type": "structural_tag", "format": node}).spec
 
 
 def finish_reason(reason: str | None, has_calls: bool) -> str | None:

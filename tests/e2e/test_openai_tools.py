@@ -77,7 +77,7 @@ def stream(client: openai.OpenAI, **kw: Any) -> tuple[str, list[tuple[str, str]]
     """(content, [(name, arguments)], finish_reason) assembled from a chat stream's deltas."""
     content, reason = "", None
     calls: dict[int, dict[str, str]] = {}
-    for chunk in client.chat.completions.create(**COMMON, **kw, stream=True):
+    for chunk in client.chat.completions.create(**{**COMMON, **kw}, stream=True):
         choice = chunk.choices[0]
         content += choice.delta.content or ""
         for tc in choice.delta.tool_calls or []:
@@ -145,6 +145,26 @@ def test_auto_is_well_formed(client: openai.OpenAI, create: Callable[..., Any]) 
     )
 
 
+def test_auto_with_strict_functions_is_well_formed(client: openai.OpenAI) -> None:
+    """Strict functions under auto: a structural tag constrains every call the model opens
+    (grammar walks in tests/unit/test_tool_calls.py); the small model here may answer or call,
+    and either way the message has the right shape, streamed or not."""
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    kw: Any = {**COMMON, "tools": strict, "tool_choice": "auto", "max_tokens": 24}
+    choice = client.chat.completions.create(**kw).choices[0]
+    if choice.message.tool_calls:
+        check_calls(choice)
+    else:
+        assert "<tool_call>" not in (choice.message.content or "")  # no call left unfinished
+        assert choice.finish_reason in ("stop", "length")
+    content, calls, reason = stream(client, tools=strict, tool_choice="auto", max_tokens=24)
+    assert (content or None, calls, reason) == (
+        choice.message.content,
+        calls_of(choice.message),
+        choice.finish_reason,
+    )
+
+
 def test_none_is_plain_content(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(**COMMON, tool_choice="none", max_tokens=4)
     choice = out.choices[0]
@@ -161,9 +181,16 @@ def test_none_is_plain_content(client: openai.OpenAI) -> None:
             {"tool_choice": "required", "response_format": {"type": "json_object"}},
             "cannot be combined",
         ),
+        (
+            {
+                "tools": [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS],
+                "response_format": {"type": "json_object"},
+            },
+            r"tool calls are constrained \(strict functions\)",
+        ),
     ],
 )
 def test_bad_tool_requests(client: openai.OpenAI, kw: dict[str, Any], needle: str) -> None:
     with pytest.raises(openai.BadRequestError, match=needle) as info:
-        client.chat.completions.create(**COMMON, max_tokens=4, **kw)
+        client.chat.completions.create(**{**COMMON, "max_tokens": 4, **kw})
     assert info.value.body["param"] == "tool_choice"  # type: ignore[index]

@@ -116,6 +116,10 @@ def test_strict_tool_refuses_unenforceable_keywords(client: openai.OpenAI) -> No
         return [{"type": "function", "function": fn}]
 
     named: Any = {"type": "function", "function": {"name": "pick"}}
+    with pytest.raises(openai.BadRequestError, match="uniqueItems"):  # auto: a structural tag
+        client.chat.completions.create(
+            model=MODEL, messages=CHAT, tools=tools(True), tool_choice="auto", max_tokens=16
+        )
     for choice in ("required", named):
         with pytest.raises(openai.BadRequestError, match="uniqueItems"):
             client.chat.completions.create(

@@ -241,6 +241,10 @@ def test_strict_json_schema_needs_a_schema():
     assert p.strict_json_schema
     with pytest.raises(ValueError, match="strict_json_schema needs a json_schema"):
         SamplingParams.from_dict({"regex": "a+", "strict_json_schema": True})
+    tag = {"structures": [{"begin": "<a>", "end": "</a>"}], "triggers": ["<a>"]}
+    assert SamplingParams.from_dict(
+        {"structural_tag": tag, "strict_json_schema": True}
+    ).strict_json_schema
     with pytest.raises(ValueError, match="strict_json_schema must be true or false"):
         SamplingParams.from_dict({"json_schema": "{}", "strict_json_schema": "yes"})
 

@@ -140,6 +140,8 @@ def test_keywords_a_schema_does_not_enforce_are_reported() -> None:
     assert compiled(tag).unenforced == ("uniqueItems",)
     with pytest.raises(GrammarError, match="uniqueItems"):
         backend("llguidance", strict=True).compile(GrammarSpec.structural_tag(tag))
+    with pytest.raises(GrammarError, match="uniqueItems.*strict is true"):  # the request's own
+        backend("llguidance").compile(GrammarSpec.structural_tag(tag, strict=True))
 
 
 @pytest.mark.parametrize(

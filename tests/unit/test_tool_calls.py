@@ -19,6 +19,7 @@ from weft.runtime.http.tool_calls import (
     plan_tools,
     split_output,
     stream_deltas,
+    tool_call_format,
 )
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -87,7 +88,63 @@ def test_plan_strict_follows_the_constrained_functions() -> None:
     time_ = {"type": "function", "function": {"name": "time"}}
     assert plan_tools(strict_weather, weather, None).strict
     assert not plan_tools(strict_weather, time_, None).strict
-    assert not plan_tools(strict_weather, "auto", None).strict  # nothing is constrained
+    auto = plan_tools(strict_weather, "auto", None)  # calls in free text: a structural tag
+    assert auto.strict and auto.structural_tag is not None and auto.json_schema is None
+    assert auto.constraint() == {"structural_tag": auto.structural_tag, "strict_json_schema": True}
+    assert plan_tools(TOOLS, "auto", None).constraint() == {}  # no strict function: parsed only
+
+
+def test_tool_call_format_follows_the_chat_template() -> None:
+    assert tool_call_format("{{ '<tool_call>\\n' }}{{ tool_call | tojson }}") == "hermes"
+    assert tool_call_format({"default": "x", "tool_use": "[TOOL_CALLS] [...]"}) == "mistral"
+    assert tool_call_format('{{- \'{"name": "\' + name + \'", "parameters": \' }}') is None
+    assert tool_call_format("<|python_tag|>") is None
+    assert tool_call_format("{% for m in messages %}{{ m.content }}{% endfor %}") == "hermes"
+    assert tool_call_format(None) == "hermes"
+
+
+def walk_text(spec: str, text: str, tokenizer: Any = None) -> str:
+    """'complete', 'prefix' or 'blocked': `text` token by token through the spec's matcher
+    (SmolLM2's tokenizer, or `tokenizer`)."""
+    from test_constrain_support import STOP, backend, encode, walk
+
+    from weft.constrain import GrammarSpec, create_grammar_backend
+
+    if tokenizer is None:
+        grammars, ids = backend("llguidance"), encode(text)
+    else:
+        grammars = create_grammar_backend("llguidance", tokenizer, len(tokenizer), [STOP])
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    compiled = grammars.compile(GrammarSpec("structural_tag", spec))
+    w = walk(compiled.matcher(), ids, len(tokenizer) if tokenizer is not None else 49152)
+    if w.blocked_at is not None:
+        return "blocked"
+    return "complete" if w.stop_at_end else "prefix"
+
+
+def test_strict_auto_calls_are_constrained_to_known_functions_and_their_schemas() -> None:
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    tag = plan_tools(strict, "auto", None).structural_tag or ""
+    call = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    assert walk_text(tag, "No call needed.") == "complete"
+    assert walk_text(tag, f"Let me check. {call} Done.") == "complete"
+    assert walk_text(tag, call + call) == "complete"  # parallel calls
+    assert walk_text(tag, call[:-5]) == "prefix"
+    assert walk_text(tag, call.replace('"Oslo"', "7")) == "blocked"  # against the schema
+    assert walk_text(tag, call.replace("weather", "nope")) == "blocked"  # unknown function
+    one = plan_tools(strict, "auto", False).structural_tag or ""
+    assert walk_text(one, f"{call} more") == "blocked"  # one call, then the output ends
+    parser = plan_tools(strict, "auto", None).parser()
+    assert parser is not None
+    content, calls = split_output(parser, f"Let me check. {call}")
+    assert content == "Let me check." and [(c.name, c.arguments) for c in calls] == [
+        ("weather", '{"city": "Oslo"}')
+    ]
+    mistral = plan_tools(strict, "auto", None, "mistral").structural_tag or ""
+    m_call = '[TOOL_CALLS] [{"name": "time", "arguments": {}}]'
+    assert walk_text(mistral, f"Sure. {m_call}") == "complete"
+    with pytest.raises(BadRequest, match="cannot be constrained inside free text"):
+        plan_tools(strict, "auto", None, None)
 
 
 @pytest.mark.parametrize(
@@ -367,3 +424,31 @@ def test_stream_matches_whole_on_any_text(text: str, cuts: list[int], mode: Mode
     assert parse_stream(text, [c for c in cuts if c <= len(text)], mode, named=named) == whole
     if not whole[1]:
         assert whole[0] == text  # no calls: the content is the text exactly
+
+
+def test_qwen_style_tool_call_tokens_are_written_as_the_tokens() -> None:
+    """Qwen's <tool_call> and </tool_call> are added tokens: the model opens and closes a call
+    with them, never with their text spelled in ordinary tokens."""
+    import copy
+
+    from test_constrain_support import tokenizer
+
+    qwen_like = copy.deepcopy(tokenizer())
+    qwen_like.add_tokens(["<tool_call>", "</tool_call>"])  # special=False, as in Qwen's
+    opener = qwen_like.convert_tokens_to_ids("<tool_call>")
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    tag = plan_tools(strict, "auto", None).structural_tag or ""
+    call = '<tool_call>\n{"name": "time", "arguments": {}}\n</tool_call>'
+    assert qwen_like.encode(call, add_special_tokens=False)[0] == opener
+    assert walk_text(tag, f"Checking. {call} Done.", qwen_like) == "complete"
+    assert walk_text(tag, "No call.", qwen_like) == "complete"
+    # the same text in ordinary tokens (SmolLM2's own tokenizer has no such token) is blocked
+    spelled = tokenizer().encode("<tool_call>", add_special_tokens=False)
+    assert len(spelled) > 1 and opener not in spelled
+    from test_constrain_support import STOP, walk
+
+    from weft.constrain import GrammarSpec, create_grammar_backend
+
+    grammars = create_grammar_backend("llguidance", qwen_like, len(qwen_like), [STOP])
+    matcher = grammars.compile(GrammarSpec("structural_tag", tag)).matcher()
+    assert walk(matcher, spelled, len(qwen_like)).blocked_at is not None
