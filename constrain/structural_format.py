@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from weft.constrain.base import GrammarError
@@ -76,6 +76,16 @@ def check_format(node: Any, where: str = "format") -> None:
                 f"structural_tag {where} ({kind}): {name}={node[name]!r} is not supported"
             )
     _check_fields(node, kind, where)
+
+
+def nested_triggers(triggers: Sequence[str], where: str) -> None:
+    """Refuse a trigger inside another other than at its start: free text excludes every
+    trigger, so the other could never be written. (One that starts another, "<f" and "<fun",
+    is fine: the shorter opens the tags of both.)"""
+    for a in triggers:
+        for b in triggers:
+            if a != b and a in b and not b.startswith(a):
+                raise GrammarError(f"{where}: trigger {a!r} lies inside trigger {b!r}")
 
 
 def format_texts(node: Mapping[str, Any]) -> list[str]:
@@ -156,6 +166,7 @@ def _check_fields(node: Mapping[str, Any], kind: str, where: str) -> None:
         strings("triggers", node["triggers"], empty_ok=False)
         if not node["triggers"]:
             raise GrammarError(f"structural_tag {where}.triggers must not be empty")
+        nested_triggers(node["triggers"], f"structural_tag {where}.triggers")
         for i, tag in enumerate(node["tags"]):
             begin = tag.get("begin")
             if not isinstance(begin, str) or not any(begin.startswith(t) for t in node["triggers"]):
@@ -360,7 +371,10 @@ class _Builder:
         triggers = list(dict.fromkeys(node["triggers"]))
         free = self.free(triggers + list(node.get("excludes", [])))
         alternatives = []
-        for trigger in triggers:
+        # a trigger that starts with a shorter one is reached through it (free text ends at the
+        # shorter): the shorter one leads to the tags of both
+        leads = [t for t in triggers if not any(o != t and t.startswith(o) for o in triggers)]
+        for trigger in leads:
             pieces = self.pieces(trigger)
             if any(isinstance(p, int) for p in pieces[1:]):
                 raise GrammarError(
@@ -372,10 +386,7 @@ class _Builder:
                 lead = self.rule(f"{free} {_lit(trigger)}", "[lazy]")
             rests = []
             for tag in node["tags"]:
-                if tag["begin"].startswith(trigger) and not any(
-                    t != trigger and tag["begin"].startswith(t) and len(t) > len(trigger)
-                    for t in triggers
-                ):
+                if tag["begin"].startswith(trigger):
                     rest = {**tag, "type": "tag", "begin": tag["begin"][len(trigger) :]}
                     rests.append(self.tag(rest))
             if rests:

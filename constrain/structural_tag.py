@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from weft.constrain.base import GrammarError
-from weft.constrain.structural_format import check_format
+from weft.constrain.structural_format import check_format, nested_triggers
 
 FIELDS = ("structures", "triggers")
 STRUCTURE_FIELDS = ("begin", "schema", "end")
@@ -39,12 +39,7 @@ class StructuralTag:
 
     @classmethod
     def parse(cls, value: Any) -> StructuralTag:
-        """From the request's object (or its JSON text); a GrammarError says what is wrong."""
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise GrammarError(f"structural_tag is not valid JSON: {e}") from None
+        """From the request's (decoded) object; a GrammarError says what is wrong."""
         if not isinstance(value, Mapping):
             raise GrammarError("structural_tag must be an object with structures and triggers")
         if value.get("type", "structural_tag") != "structural_tag":
@@ -128,11 +123,7 @@ def _triggers(value: Any) -> tuple[str, ...]:
     if not all(isinstance(t, str) and t for t in value):
         raise GrammarError("structural_tag.triggers must be non-empty strings")
     triggers = tuple(dict.fromkeys(value))
-    for a in triggers:
-        for b in triggers:
-            if a != b and a in b:
-                # NOTE: free text excludes every trigger, so `b` could never be written
-                raise GrammarError(f"structural_tag trigger {a!r} lies inside trigger {b!r}")
+    nested_triggers(triggers, "structural_tag.triggers")
     return triggers
 
 

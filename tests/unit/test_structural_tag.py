@@ -130,6 +130,19 @@ def test_only_free_text_may_end_and_json_whitespace_stays_bounded() -> None:
     assert verdict(TOOLS, "<function=add>{" + " " * 40 + '"a": 1, "b": 2}</function>') == "blocked"
 
 
+def test_a_trigger_that_starts_another_opens_the_tags_of_both() -> None:
+    tag = {
+        "structures": [
+            {"begin": "<f>", "schema": {"type": "integer"}, "end": "</f>"},
+            {"begin": "<fun>", "schema": {"type": "string"}, "end": "</fun>"},
+        ],
+        "triggers": ["<f", "<fun"],
+    }
+    assert verdict(tag, 'a <f>1</f> b <fun>"x"</fun> c') == "complete"
+    assert verdict(tag, "<fun>1</fun>") == "blocked"
+    assert verdict(tag, "<fx") == "blocked"
+
+
 def test_keywords_a_schema_does_not_enforce_are_reported() -> None:
     tag = {
         "structures": [
@@ -166,6 +179,11 @@ def test_keywords_a_schema_does_not_enforce_are_reported() -> None:
         ),
         ({"structures": [{"begin": "<f>", "end": ""}], "triggers": ["<f"], "extra": 1}, "unknown"),
         ({"structures": [{"begin": "<f>", "end": ""}], "triggers": ["<f", "f"]}, "lies inside"),
+        (
+            {"format": {"type": "triggered_tags", "triggers": ["f=", "<f="],
+                        "tags": [{"begin": "<f=", "content": TEXT, "end": ">"}]}},
+            "'f=' lies inside trigger '<f='",
+        ),  # fmt: skip
         ({"type": "json_schema", "structures": [], "triggers": []}, "type must be"),
         ({"format": {"type": "token", "token": 5}}, "token-level format 'token'"),
         ({"format": {"type": "nope"}}, "unknown format type 'nope'"),
