@@ -180,8 +180,13 @@ def test_keywords_a_schema_does_not_enforce_are_reported() -> None:
         ({"structures": [{"begin": "<f>", "end": ""}], "triggers": ["<f"], "extra": 1}, "unknown"),
         ({"structures": [{"begin": "<f>", "end": ""}], "triggers": ["<f", "f"]}, "lies inside"),
         (
-            {"format": {"type": "triggered_tags", "triggers": ["f=", "<f="],
-                        "tags": [{"begin": "<f=", "content": TEXT, "end": ">"}]}},
+            {
+                "format": {
+                    "type": "triggered_tags",
+                    "triggers": ["f=", "<f="],
+                    "tags": [{"begin": "<f=", "content": TEXT, "end": ">"}],
+                }
+            },
             "'f=' lies inside trigger '<f='",
         ),  # fmt: skip
         ({"type": "json_schema", "structures": [], "triggers": []}, "type must be"),
