@@ -79,8 +79,8 @@ class LLGuidanceBackend(GrammarBackend):
         self._json_options: dict[str, Any] = {"whitespace_pattern": json_whitespace}
         self._json_whitespace = json_whitespace
         # the texts of special / added tokens, which structural tags write as the token itself
-        text_of = {i: str(tokenizer.convert_ids_to_tokens(i)) for i in range(space.tokenizer_size)
-                   if i in space.special_ids or i in space.stop_ids}  # fmt: skip
+        never = sorted(i for i in space.special_ids | space.stop_ids if i < space.tokenizer_size)
+        text_of = {i: str(tokenizer.convert_ids_to_tokens(i)) for i in never}
         self._stop_texts = {text_of[i] for i in space.stop_ids if i in text_of}
         self._token_ids = {t: i for i, t in text_of.items() if i in space.special_ids and t}
 

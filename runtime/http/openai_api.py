@@ -33,6 +33,7 @@ from weft.runtime.http.tool_calls import (
     ToolCallParser,
     ToolPlan,
     finish_reason,
+    markers_are_special,
     split_output,
     stream_deltas,
     tool_call_format,
@@ -232,6 +233,12 @@ async def chat_completions(request: Request) -> Response:
         template_kwargs=req.chat_template_kwargs,
     )
     params = req.sampling_params(max_new, _generation_defaults(str(rt.model_path)))
+    if (
+        plan.mode != "none"
+        and req.skip_special_tokens is None
+        and markers_are_special(rt.tokenizer)
+    ):
+        params["skip_special_tokens"] = False
     constraint = plan.constraint()
     if constraint:
         if any(k in params for k in ("json_schema", "regex", "ebnf", "structural_tag")):

@@ -145,6 +145,14 @@ def tool_call_format(chat_template: str | Mapping[str, str] | None) -> ToolForma
     return "hermes"
 
 
+def markers_are_special(tokenizer: Any) -> bool:
+    """Whether one of the tool-call markers is a special token of the tokenizer (Mistral's
+    `[TOOL_CALLS]`, Llama's `<|python_tag|>`): detokenizing must then keep special tokens, or
+    the parser never sees where a call begins (SGLang does the same)."""
+    special = set(getattr(tokenizer, "all_special_tokens", ()))
+    return any(m in special for m in (HERMES_OPEN, HERMES_CLOSE, MISTRAL, PYTHON_TAG))
+
+
 def tool_call_tag(params: Mapping[str, Any], tool_format: ToolFormat, parallel: bool = True) -> str:
     """A structural tag (xgrammar's format form, canonical JSON) for calls in `tool_format`:
     free text, in which the format's marker opens a call of one of the functions of `params`

@@ -16,6 +16,7 @@ from weft.runtime.http.tool_calls import (
     ToolCall,
     ToolCallParser,
     finish_reason,
+    markers_are_special,
     plan_tools,
     split_output,
     stream_deltas,
@@ -452,3 +453,24 @@ def test_qwen_style_tool_call_tokens_are_written_as_the_tokens() -> None:
     grammars = create_grammar_backend("llguidance", qwen_like, len(qwen_like), [STOP])
     matcher = grammars.compile(GrammarSpec("structural_tag", tag)).matcher()
     assert walk(matcher, spelled, len(qwen_like)).blocked_at is not None
+
+
+def test_special_markers_keep_special_tokens_in_the_text() -> None:
+    """Mistral's [TOOL_CALLS] is a special token: the chat route then detokenizes with special
+    tokens kept, or the parser would never see a call begin."""
+    import copy
+
+    from test_constrain_support import tokenizer
+
+    assert not markers_are_special(tokenizer())
+    mistral_like = copy.deepcopy(tokenizer())
+    mistral_like.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]"]})
+    assert markers_are_special(mistral_like)
+    marker = mistral_like.convert_tokens_to_ids("[TOOL_CALLS]")
+    call = '[TOOL_CALLS] [{"name": "time", "arguments": {}}]'
+    ids = mistral_like.encode(call, add_special_tokens=False)
+    assert ids[0] == marker
+    parser = plan_tools(TOOLS, "auto", None).parser()
+    assert parser is not None
+    text = mistral_like.decode(ids, skip_special_tokens=False)
+    assert [c.name for c in split_output(parser, text)[1]] == ["time"]
