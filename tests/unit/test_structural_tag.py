@@ -388,7 +388,12 @@ def test_any_text_must_end_the_text_or_come_before_a_string() -> None:
 
 _SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2, 5), st.text(max_size=3))
 _LEAVES = st.one_of(
-    st.fixed_dictionaries({"type": st.just("const_string"), "value": st.text(max_size=3)}),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("const_string"),
+            "value": st.one_of(st.text(max_size=3), st.sampled_from(["<filename>", "a<file_sep>"])),
+        }
+    ),
     st.fixed_dictionaries(
         {"type": st.just("any_text")}, optional={"excludes": st.lists(st.text(max_size=2))}
     ),
@@ -408,13 +413,18 @@ _LEAVES = st.one_of(
     _SCALARS,
 )
 _ENDS = st.one_of(
-    st.sampled_from(["</a>", "", ")"]), st.lists(st.sampled_from(["x", ""]), max_size=2)
+    st.sampled_from(["</a>", "", ")", "<file_sep>", "<|im_end|>"]),
+    st.lists(st.sampled_from(["x", "", "<file_sep>"]), max_size=2),
 )
 
 
 def _nodes(inner: Any) -> Any:
     tag = st.fixed_dictionaries(
-        {"begin": st.sampled_from(["<a>", "@x", "", 3]), "content": inner, "end": _ENDS}
+        {
+            "begin": st.sampled_from(["<a>", "@x", "", 3, "<filename>", "<filename>x"]),
+            "content": inner,
+            "end": _ENDS,
+        }
     )
     return st.one_of(
         st.fixed_dictionaries(
@@ -424,7 +434,9 @@ def _nodes(inner: Any) -> Any:
         st.fixed_dictionaries(
             {
                 "type": st.just("triggered_tags"),
-                "triggers": st.lists(st.sampled_from(["<a", "@", "", "<a>"]), max_size=2),
+                "triggers": st.lists(
+                    st.sampled_from(["<a", "@", "", "<a>", "<filename>", "x<filename>"]), max_size=2
+                ),
                 "tags": st.lists(tag, max_size=2),
             },
             optional={"at_least_one": st.booleans(), "stop_after_first": _SCALARS},
@@ -453,14 +465,14 @@ OLDER = st.fixed_dictionaries(
         "structures": st.lists(
             st.fixed_dictionaries(
                 {
-                    "begin": st.sampled_from(["@a(", "<f>", ""]),
+                    "begin": st.sampled_from(["@a(", "<f>", "", "<filename>{"]),
                     "schema": st.sampled_from([{"type": "integer"}, None, 3]),
                     "end": st.sampled_from([")", ""]),
                 }
             ),
             max_size=2,
         ),
-        "triggers": st.lists(st.sampled_from(["@", "<f", "", "@a"]), max_size=2),
+        "triggers": st.lists(st.sampled_from(["@", "<f", "", "@a", "<filename>"]), max_size=2),
     }
 )
 STRUCTURAL = st.one_of(OLDER, st.fixed_dictionaries({"format": FORMATS}), _SCALARS)
