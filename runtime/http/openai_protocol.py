@@ -207,7 +207,7 @@ class ChatCompletionRequest(_Common):
     audio: Any = None
     prediction: Any = None
 
-    def tool_plan(self, tool_format: ToolFormat | None = "hermes") -> ToolPlan:
+    def tool_plan(self, tool_format: ToolFormat = "hermes") -> ToolPlan:
         """What tools / tool_choice / parallel_tool_calls ask (weft.runtime.http.tool_calls), for
         a model whose chat template asks for `tool_format` calls."""
         tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None

@@ -12,7 +12,7 @@ from weft.constrain import GrammarError, GrammarSpec
 from weft.runtime.http.app import BadRequest
 
 Mode = Literal["none", "auto", "required", "named"]
-ToolFormat = Literal["hermes", "mistral"]  # the tool-call formats a structural tag constrains
+ToolFormat = Literal["hermes", "mistral", "llama"]  # what a strict auto constraint writes
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"  # Hermes / Qwen, anywhere in the text
 MISTRAL = "[TOOL_CALLS]"  # Mistral: a JSON array of calls follows, anywhere in the text
@@ -70,7 +70,7 @@ def plan_tools(
     tools: list[dict[str, Any]] | None,
     choice: str | Mapping[str, Any] | None,
     parallel: bool | None,
-    tool_format: ToolFormat | None = "hermes",
+    tool_format: ToolFormat = "hermes",
 ) -> ToolPlan:
     """The ToolPlan of a request's tools (OpenAI dicts) and tool_choice ("none", "auto",
     "required", {"type": "function", "function": {"name"}}, or None: auto when tools are given).
@@ -78,7 +78,8 @@ def plan_tools(
     with required, if any tool says so (a refused keyword cannot be traced to one function).
     With auto, calls are parsed out of free text; if a function says strict, a structural tag in
     the model's `tool_format` (`tool_call_format` of its chat template) makes every call the
-    model opens hold a valid call: a known name and arguments of its schema (as SGLang does)."""
+    model opens hold a valid call: a known name and arguments of its schema (as SGLang does;
+    for a Llama-style template: an output that starts with `{` must be one call)."""
     if not tools:
         if choice is not None and choice != "none":
             raise BadRequest("tool_choice is only allowed when tools are given", 400, "tool_choice")
@@ -91,14 +92,6 @@ def plan_tools(
     if choice is None or choice == "auto":
         if not any(t["function"].get("strict") for t in tools):
             return ToolPlan("auto", tools, None, parallel=not one)
-        if tool_format is None:
-            raise BadRequest(
-                "strict functions with tool_choice auto: this model's tool calls (a JSON message, "
-                "as Llama 3.1's template asks) cannot be constrained inside free text; use "
-                'tool_choice "required" or a named function, or drop strict',
-                400,
-                "tools",
-            )
         try:
             tag = tool_call_tag(params, tool_format, parallel=not one)
         except GrammarError as e:
@@ -128,11 +121,11 @@ def plan_tools(
     return ToolPlan("named", tools, schema, parallel=False, named=name, strict=strict)
 
 
-def tool_call_format(chat_template: str | Mapping[str, str] | None) -> ToolFormat | None:
+def tool_call_format(chat_template: str | Mapping[str, str] | None) -> ToolFormat:
     """The tool-call format a chat template asks of the model: "mistral" (`[TOOL_CALLS] [...]`),
-    "hermes" (`<tool_call>{...}</tool_call>` blocks: Hermes, Qwen; also for a template that
-    names no format, as the parser's default), or None: a whole-message JSON call (Llama 3.x),
-    which no trigger can open inside free text."""
+    "llama" (the whole message one `{"name", "parameters"}` object: Llama 3.x), or "hermes"
+    (`<tool_call>{...}</tool_call>` blocks: Hermes, Qwen; also for a template that names no
+    format, as the parser's default)."""
     if isinstance(chat_template, Mapping):
         chat_template = "\n".join(str(t) for t in chat_template.values())
     text = chat_template or ""
@@ -141,7 +134,7 @@ def tool_call_format(chat_template: str | Mapping[str, str] | None) -> ToolForma
     if HERMES_OPEN in text:
         return "hermes"
     if PYTHON_TAG in text or '"parameters": ' in text:
-        return None
+        return "llama"
     return "hermes"
 
 
@@ -157,7 +150,10 @@ def tool_call_tag(params: Mapping[str, Any], tool_format: ToolFormat, parallel: 
     """A structural tag (xgrammar's format form, canonical JSON) for calls in `tool_format`:
     free text, in which the format's marker opens a call of one of the functions of `params`
     (name -> parameters schema) with arguments of its schema; with `parallel` False, the output
-    ends after the first call."""
+    ends after the first call. "llama": no marker opens a call, the call is the whole message:
+    an output that starts with `{` (after whitespace) is one call, any other is free text."""
+    if tool_format == "llama":
+        return _llama_tag(params)
     trigger = HERMES_OPEN if tool_format == "hermes" else MISTRAL
     tags = []
     for name, schema in params.items():
@@ -170,6 +166,23 @@ def tool_call_tag(params: Mapping[str, Any], tool_format: ToolFormat, parallel: 
         tags.append({"begin": begin, "content": content, "end": end})
     node = {"type": "triggered_tags", "triggers": [trigger], "tags": tags,
             "stop_after_first": not parallel}  # fmt: skip
+    return GrammarSpec.structural_tag({"type": "structural_tag", "format": node}).spec
+
+
+def _llama_tag(params: Mapping[str, Any]) -> str:
+    calls = [
+        {
+            "type": "tag",
+            "begin": '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "parameters": ',
+            "content": {"type": "json_schema", "json_schema": schema},
+            "end": "}",
+        }
+        for name, schema in params.items()
+    ]
+    call = {"type": "sequence", "elements": [{"type": "regex", "pattern": r"\s*"},
+                                             {"type": "or", "elements": calls}]}  # fmt: skip
+    text = {"type": "regex", "pattern": r"(\s*[^\s{][\s\S]*)?"}  # not a call: not from `{`
+    node = {"type": "or", "elements": [call, text]}
     return GrammarSpec.structural_tag({"type": "structural_tag", "format": node}).spec
 
 

@@ -98,8 +98,8 @@ def test_plan_strict_follows_the_constrained_functions() -> None:
 def test_tool_call_format_follows_the_chat_template() -> None:
     assert tool_call_format("{{ '<tool_call>\\n' }}{{ tool_call | tojson }}") == "hermes"
     assert tool_call_format({"default": "x", "tool_use": "[TOOL_CALLS] [...]"}) == "mistral"
-    assert tool_call_format('{{- \'{"name": "\' + name + \'", "parameters": \' }}') is None
-    assert tool_call_format("<|python_tag|>") is None
+    assert tool_call_format('{{- \'{"name": "\' + name + \'", "parameters": \' }}') == "llama"
+    assert tool_call_format("<|python_tag|>") == "llama"
     assert tool_call_format("{% for m in messages %}{{ m.content }}{% endfor %}") == "hermes"
     assert tool_call_format(None) == "hermes"
 
@@ -144,8 +144,17 @@ def test_strict_auto_calls_are_constrained_to_known_functions_and_their_schemas(
     mistral = plan_tools(strict, "auto", None, "mistral").structural_tag or ""
     m_call = '[TOOL_CALLS] [{"name": "time", "arguments": {}}]'
     assert walk_text(mistral, f"Sure. {m_call}") == "complete"
-    with pytest.raises(BadRequest, match="cannot be constrained inside free text"):
-        plan_tools(strict, "auto", None, None)
+    llama = plan_tools(strict, "auto", None, "llama").structural_tag or ""
+    l_call = '{"name": "weather", "parameters": {"city": "Oslo"}}'
+    assert walk_text(llama, l_call) == "complete"  # the whole message: one call
+    assert walk_text(llama, "\n " + l_call) == "complete"
+    assert walk_text(llama, l_call + " more") == "blocked"
+    assert walk_text(llama, '{"name": "weather", "parameters": {"city": 7}}') == "blocked"
+    assert walk_text(llama, '{"city": "Oslo"}') == "blocked"  # from `{`: a call or nothing
+    assert walk_text(llama, "It is sunny {maybe}.") == "complete"  # not from `{`: free text
+    assert walk_text(llama, "") == "complete"
+    content, calls = split_output(plan_tools(strict, "auto", None, "llama").parser(), l_call)
+    assert content is None and [c.name for c in calls] == ["weather"]
 
 
 @pytest.mark.parametrize(
