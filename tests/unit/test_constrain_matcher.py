@@ -238,7 +238,7 @@ def test_strict_is_part_of_the_spec_and_its_cache_key() -> None:
     spec = GrammarSpec.json_schema({"type": "integer", "minimum": 3})
     strict = GrammarSpec.json_schema({"type": "integer", "minimum": 3}, strict=True)
     assert spec != strict and spec.spec == strict.spec
-    with pytest.raises(GrammarError, match="json_schema only"):
+    with pytest.raises(GrammarError, match="strict applies to json_schema and structural_tag"):
         GrammarSpec("regex", "a+", strict=True)
     compiler = GrammarCompiler(backend("outlines"), timeout_s=10, threads=1)
     try:
