@@ -165,3 +165,33 @@ def test_streamed_and_n_2_outputs_hold_valid_tags(client: openai.OpenAI, at_id: 
     assert len(both.choices) == 2
     for choice in both.choices:
         assert check_tags(choice.message.content or "") >= 2
+
+
+def test_special_token_tags_through_the_scheduler(server: Any) -> None:
+    """A tag opened and closed by the model's own special tokens (SmolLM2's <filename> = 6 and
+    <file_sep> = 5, as Qwen's <tool_call> would be): a bias makes the model open tags; each holds
+    a valid value and is closed by the token; the special tokens appear nowhere else."""
+    tag = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<filename>", "schema": ADD, "end": "<file_sep>"}],
+        "triggers": ["<filename>"],
+    }
+    params = {
+        "structural_tag": tag,
+        "max_new_tokens": 64,
+        "temperature": 0,
+        "logit_bias": {"6": 100},
+        "skip_special_tokens": False,
+    }
+    body = {"text": "Sum: ", "sampling_params": params}
+    resp = httpx.post(f"{server.url}/generate", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    ids, text = out["output_ids"], out["text"]
+    opens = [i for i, t in enumerate(ids) if t == 6]
+    assert len(opens) >= 2 and not set(ids) & ({0, 1, 3, 4} | set(range(7, 17)))
+    assert text.count("<filename>") == len(opens)
+    for part in text.split("<filename>")[1:-1]:  # complete tags (the last may be cut)
+        body_text, sep, rest = part.partition("<file_sep>")
+        assert sep and "<" not in rest, text
+        jsonschema.validate(json.loads(body_text), ADD)
