@@ -83,8 +83,10 @@ def decode_setup(bsz: int, kv_len: int, heads: int = 32, hkv: int = 8, dim: int 
     }
 
 
-def decode_bytes(bsz: int, kv_len: int, heads: int = 32, hkv: int = 8, dim: int = 128) -> int:
-    kv = 2 * bsz * kv_len * hkv * dim * 2  # K and V, bf16
+def decode_bytes(
+    bsz: int, kv_len: int, heads: int = 32, hkv: int = 8, dim: int = 128, kv_bytes: int = 2
+) -> int:
+    kv = 2 * bsz * kv_len * hkv * dim * kv_bytes  # K and V
     return kv + bsz * kv_len * 8 + 2 * bsz * heads * dim * 2  # + slot indices, q, out
 
 
@@ -161,50 +163,6 @@ def bench_decode_tune(ceiling: float) -> None:
                   f"{nbytes / fi / 1e6 / ceiling:.0%}")  # fmt: skip
 
 
-def bench_decode_fp8_tune(ceiling: float) -> None:
-    """The decode kernel on an fp8 (e4m3) pool at large batches (offline throughput's shapes):
-    block_n, warps and stages around the defaults, as a fraction of the copy ceiling (KV bytes at
-    1 byte per element); the bf16 pool's defaults on the same shape for comparison."""
-    from weft.kernels import decode_attention, decode_num_kv_splits
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    kv_len = 1536
-    print(f"\ndecode tuning, fp8 e4m3 pool, kv {kv_len}, 32 q / 8 kv heads, d=128, page 16")
-    for bsz in (64, 256, 512):
-        args = decode_setup(bsz, kv_len)
-        nbytes_bf16 = decode_bytes(bsz, kv_len)
-        bf16 = time_ms(partial(decode_attention, **args, num_kv_splits=1))
-        fp8 = torch.float8_e4m3fn
-        args["k_buffer"] = args["k_buffer"].to(fp8)
-        args["v_buffer"] = args["v_buffer"].to(fp8)
-        nbytes = nbytes_bf16 - 2 * bsz * kv_len * 8 * 128  # K and V at 1 byte
-        pick = decode_num_kv_splits(bsz, 8, kv_len, sms)
-        results = []
-        for block_n in (64, 128, 256):
-            for warps in (4, 8):
-                for stages in (2, 3, 4):
-                    run = partial(
-                        decode_attention, **args, num_kv_splits=pick, block_n=block_n,
-                        num_warps=warps, num_stages=stages,
-                    )  # fmt: skip
-                    try:
-                        ms = time_ms(run)
-                    except Exception as e:  # noqa: BLE001 - out of shared memory etc.
-                        print(f"  B={bsz} {block_n}/{warps}/{stages}: {type(e).__name__}")
-                        continue
-                    results.append((ms, block_n, warps, stages))
-        default = time_ms(partial(decode_attention, **args, num_kv_splits=pick))
-        results.sort()
-        best = ", ".join(
-            f"{ms * 1e3:.1f} us = {nbytes / ms / 1e6 / ceiling:.0%} (block_n {bn}, warps {w}, "
-            f"stages {st})"
-            for ms, bn, w, st in results[:3]
-        )
-        print(f"  B={bsz:<3} bf16 pool {bf16 * 1e3:7.1f} us = "
-              f"{nbytes_bf16 / bf16 / 1e6 / ceiling:.0%} | fp8 default {default * 1e3:7.1f} us = "
-              f"{nbytes / default / 1e6 / ceiling:.0%} | best: {best}")  # fmt: skip
-
-
 def graph_ms(fns: list[Callable[[], object]]) -> float:
     """Median ms per call of `fns` run back to back inside one CUDA graph: no launch or host cost,
     as in a decode step's replay (`time_ms` of eager calls is host-bound at small batches)."""
@@ -269,7 +227,7 @@ def flashinfer_decode_ms(args: dict, bsz: int, kv_len: int) -> float | None:
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=True)
     wrapper.plan(indptr, pages, last, 32, 8, 128, page, q_data_type=torch.bfloat16,
-                 kv_data_type=torch.bfloat16, sm_scale=args["scale"])  # fmt: skip
+                 kv_data_type=args["k_buffer"].dtype, sm_scale=args["scale"])  # fmt: skip
     shape = (-1, page, 8, 128)
     cache = (args["k_buffer"].view(shape), args["v_buffer"].view(shape))
     return time_ms(lambda: wrapper.run(args["q"], cache))
@@ -422,6 +380,9 @@ def main() -> None:
     parser.add_argument("--shared-only", action="store_true", help="only the shared-prefix runs")
     parser.add_argument("--fp8-tune", action="store_true", help="only the fp8-pool decode tuning")
     parser.add_argument(
+        "--fp8-peer", action="store_true", help="only the fp8-pool decode next to FlashInfer's"
+    )
+    parser.add_argument(
         "--small-decode", action="store_true", help="only small decode batches in CUDA graphs"
     )
     args = parser.parse_args()
@@ -437,8 +398,10 @@ def main() -> None:
     if args.shared_only:
         bench_shared_prefix(ceiling)
         return
-    if args.fp8_tune:
-        bench_decode_fp8_tune(ceiling)
+    if args.fp8_tune or args.fp8_peer:
+        from kernels_fp8 import bench_decode_fp8_peer, bench_decode_fp8_tune
+
+        (bench_decode_fp8_tune if args.fp8_tune else bench_decode_fp8_peer)(ceiling)
         return
     if args.small_decode:
         bench_decode_small(ceiling)

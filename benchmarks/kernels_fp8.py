@@ -1,0 +1,82 @@
+"""The decode kernel on an fp8 (e4m3) KV pool: launch tuning, and FlashInfer's decode as the peer
+(`python benchmarks/kernels.py --fp8-tune | --fp8-peer`, on CUDA)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from kernels import decode_bytes, decode_setup, flashinfer_decode_ms, time_ms
+
+
+def bench_decode_fp8_tune(ceiling: float) -> None:
+    """The decode kernel on an fp8 (e4m3) pool at large batches (offline throughput's shapes):
+    block_n, warps and stages around the defaults, as a fraction of the copy ceiling (KV bytes at
+    1 byte per element); the bf16 pool's defaults on the same shape for comparison."""
+    from weft.kernels import decode_attention, decode_num_kv_splits
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    kv_len = 1536
+    print(f"\ndecode tuning, fp8 e4m3 pool, kv {kv_len}, 32 q / 8 kv heads, d=128, page 16")
+    for bsz in (64, 256, 512):
+        args = decode_setup(bsz, kv_len)
+        nbytes_bf16 = decode_bytes(bsz, kv_len)
+        bf16 = time_ms(partial(decode_attention, **args, num_kv_splits=1))
+        fp8 = torch.float8_e4m3fn
+        args["k_buffer"] = args["k_buffer"].to(fp8)
+        args["v_buffer"] = args["v_buffer"].to(fp8)
+        nbytes = decode_bytes(bsz, kv_len, kv_bytes=1)
+        pick = decode_num_kv_splits(bsz, 8, kv_len, sms)
+        results = []
+        for block_n in (64, 128, 256):
+            for warps in (4, 8):
+                for stages in (2, 3, 4):
+                    run = partial(
+                        decode_attention, **args, num_kv_splits=pick, block_n=block_n,
+                        num_warps=warps, num_stages=stages,
+                    )  # fmt: skip
+                    try:
+                        ms = time_ms(run)
+                    except Exception as e:  # noqa: BLE001 - out of shared memory etc.
+                        print(f"  B={bsz} {block_n}/{warps}/{stages}: {type(e).__name__}")
+                        continue
+                    results.append((ms, block_n, warps, stages))
+        default = time_ms(partial(decode_attention, **args, num_kv_splits=pick))
+        results.sort()
+        best = ", ".join(
+            f"{ms * 1e3:.1f} us = {nbytes / ms / 1e6 / ceiling:.0%} (block_n {bn}, warps {w}, "
+            f"stages {st})"
+            for ms, bn, w, st in results[:3]
+        )
+        print(f"  B={bsz:<3} bf16 pool {bf16 * 1e3:7.1f} us = "
+              f"{nbytes_bf16 / bf16 / 1e6 / ceiling:.0%} | fp8 default {default * 1e3:7.1f} us = "
+              f"{nbytes / default / 1e6 / ceiling:.0%} | best: {best}")  # fmt: skip
+
+
+def bench_decode_fp8_peer(ceiling: float) -> None:
+    """weft's decode on an fp8 (e4m3) pool next to FlashInfer's tensor-core decode on the same
+    pool (the peer; FlashInfer dequantizes in its kernel), and both on the bf16 pool, at offline
+    throughput's batches; % of the copy ceiling counts the pool's bytes (1 per element for fp8)."""
+    from weft.kernels import decode_attention, decode_num_kv_splits
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    kv_len = 1536
+    print(f"\ndecode, fp8 e4m3 vs bf16 pool, kv {kv_len}, 32 q / 8 kv heads, d=128, page 16")
+    print("  per pool: weft triton | FlashInfer 0.5.3 tensor-core decode (us, % of copy)")
+    for bsz in (64, 256, 512):
+        args = decode_setup(bsz, kv_len)
+        pick = decode_num_kv_splits(bsz, 8, kv_len, sms)
+        cells = []
+        for name in ("bf16", "fp8"):
+            if name == "fp8":
+                args["k_buffer"] = args["k_buffer"].to(torch.float8_e4m3fn)
+                args["v_buffer"] = args["v_buffer"].to(torch.float8_e4m3fn)
+            nbytes = decode_bytes(bsz, kv_len, kv_bytes=args["k_buffer"].element_size())
+            ours = time_ms(partial(decode_attention, **args, num_kv_splits=pick))
+            cell = f"{name} {ours * 1e3:6.1f} us = {nbytes / ours / 1e6 / ceiling:4.0%}"
+            peer = flashinfer_decode_ms(args, bsz, kv_len)
+            if peer is not None:
+                cell += f" | {peer * 1e3:6.1f} us = {nbytes / peer / 1e6 / ceiling:4.0%}"
+            cells.append(cell)
+        print(f"  B={bsz:<3} " + "  ||  ".join(cells))
