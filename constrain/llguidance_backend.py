@@ -112,8 +112,9 @@ class LLGuidanceBackend(GrammarBackend):
 
     def _repaired_matcher(self, spec: GrammarSpec) -> tuple[Any, list[str], frozenset[int]]:
         """(a matcher for `spec`, or for `spec` less what the library failed on, the keywords so
-        dropped, its structure tokens). Each round drops what the library's error is about and compiles again; an error
-        that no repair removes anything for refuses the spec with the library's reason."""
+        dropped, its structure tokens). Each round drops what the library's error is about and
+        compiles again; an error that no repair removes anything for refuses the spec with the
+        library's reason."""
         matcher, ids = self._matcher(spec)
         dropped: list[str] = []
         patterns: dict[str, str] = {}  # pattern -> the library's error about it ("" if none)
