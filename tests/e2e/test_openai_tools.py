@@ -155,8 +155,9 @@ def test_auto_with_strict_functions_is_well_formed(client: openai.OpenAI) -> Non
     if choice.message.tool_calls:
         check_calls(choice)
     else:
-        assert "<tool_call>" not in (choice.message.content or "")  # no call left unfinished
         assert choice.finish_reason in ("stop", "length")
+        if choice.finish_reason == "stop":  # a call the model opened was finished (a valid one)
+            assert "<tool_call>" not in (choice.message.content or "")
     content, calls, reason = stream(client, tools=strict, tool_choice="auto", max_tokens=24)
     assert (content or None, calls, reason) == (
         choice.message.content,
