@@ -121,6 +121,28 @@ def bench_decode(ceiling: float, quick: bool) -> None:
     print("  (FlashInfer 0.5.3 on this shape: 140 us, 3.7-3.8 TB/s per DEVICE.md)")
 
 
+def sweep_launches(
+    args: dict, bsz: int, grid: list[tuple[int, int, int, int]]
+) -> list[tuple[float, int, int, int, int]]:
+    """decode_attention timed per (splits, block_n, warps, stages) of `grid`: (ms, *launch),
+    fastest first; a launch that fails (out of shared memory etc.) is printed and skipped."""
+    from weft.kernels import decode_attention
+
+    results = []
+    for splits, block_n, warps, stages in grid:
+        run = partial(
+            decode_attention, **args, num_kv_splits=splits, block_n=block_n,
+            num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+        try:
+            ms = time_ms(run)
+        except Exception as e:  # noqa: BLE001 - out of shared memory etc.
+            print(f"  B={bsz} {splits}/{block_n}/{warps}/{stages}: {type(e).__name__}")
+            continue
+        results.append((ms, splits, block_n, warps, stages))
+    return sorted(results)
+
+
 def bench_decode_tune(ceiling: float) -> None:
     """Stage-1 tile (block_n), warps, pipeline stages and split counts per batch size, each as
     a fraction of the copy ceiling; FlashInfer's tensor-core decode on the same data if installed."""
@@ -132,25 +154,17 @@ def bench_decode_tune(ceiling: float) -> None:
         args = decode_setup(bsz, 2048)
         nbytes = decode_bytes(bsz, 2048)
         pick = decode_num_kv_splits(bsz, 8, 2048, sms)
-        results = []
-        for splits in sorted({pick, 2 * pick, 4 * pick, 16, 32} if bsz <= 8 else {pick, 2 * pick}):
-            for block_n in (32, 64, 128):
-                for warps in (4, 8):
-                    for stages in (1, 2, 3, 4):
-                        run = partial(
-                            decode_attention, **args, num_kv_splits=splits, block_n=block_n,
-                            num_warps=warps, num_stages=stages,
-                        )  # fmt: skip
-                        try:
-                            ms = time_ms(run)
-                        except Exception as e:  # noqa: BLE001 - out of shared memory etc.
-                            print(
-                                f"  B={bsz} {splits}/{block_n}/{warps}/{stages}: {type(e).__name__}"
-                            )
-                            continue
-                        results.append((ms, splits, block_n, warps, stages))
+        grid = [
+            (splits, block_n, warps, stages)
+            for splits in sorted(
+                {pick, 2 * pick, 4 * pick, 16, 32} if bsz <= 8 else {pick, 2 * pick}
+            )
+            for block_n in (32, 64, 128)
+            for warps in (4, 8)
+            for stages in (1, 2, 3, 4)
+        ]
+        results = sweep_launches(args, bsz, grid)
         default = time_ms(partial(decode_attention, **args, num_kv_splits=pick))
-        results.sort()
         best = ", ".join(
             f"{nbytes / ms / 1e6 / ceiling:.0%} (splits {sp}, block_n {bn}, warps {w}, stages {st})"
             for ms, sp, bn, w, st in results[:3]

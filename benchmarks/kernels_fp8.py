@@ -7,7 +7,7 @@ from functools import partial
 
 import torch
 
-from kernels import decode_bytes, decode_setup, flashinfer_decode_ms, time_ms
+from kernels import decode_bytes, decode_setup, flashinfer_decode_ms, sweep_launches, time_ms
 
 
 def bench_decode_fp8_tune(ceiling: float) -> None:
@@ -28,26 +28,13 @@ def bench_decode_fp8_tune(ceiling: float) -> None:
         args["v_buffer"] = args["v_buffer"].to(fp8)
         nbytes = decode_bytes(bsz, kv_len, kv_bytes=1)
         pick = decode_num_kv_splits(bsz, 8, kv_len, sms)
-        results = []
-        for block_n in (64, 128, 256):
-            for warps in (4, 8):
-                for stages in (2, 3, 4):
-                    run = partial(
-                        decode_attention, **args, num_kv_splits=pick, block_n=block_n,
-                        num_warps=warps, num_stages=stages,
-                    )  # fmt: skip
-                    try:
-                        ms = time_ms(run)
-                    except Exception as e:  # noqa: BLE001 - out of shared memory etc.
-                        print(f"  B={bsz} {block_n}/{warps}/{stages}: {type(e).__name__}")
-                        continue
-                    results.append((ms, block_n, warps, stages))
+        grid = [(pick, bn, w, st) for bn in (64, 128, 256) for w in (4, 8) for st in (2, 3, 4)]
+        results = sweep_launches(args, bsz, grid)
         default = time_ms(partial(decode_attention, **args, num_kv_splits=pick))
-        results.sort()
         best = ", ".join(
             f"{ms * 1e3:.1f} us = {nbytes / ms / 1e6 / ceiling:.0%} (block_n {bn}, warps {w}, "
             f"stages {st})"
-            for ms, bn, w, st in results[:3]
+            for ms, _, bn, w, st in results[:3]
         )
         print(f"  B={bsz:<3} bf16 pool {bf16 * 1e3:7.1f} us = "
               f"{nbytes_bf16 / bf16 / 1e6 / ceiling:.0%} | fp8 default {default * 1e3:7.1f} us = "
