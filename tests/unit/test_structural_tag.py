@@ -210,7 +210,7 @@ def test_bad_specs_are_refused_with_the_reason(tag: Any, message: str) -> None:
 
 FILENAME, FILE_SEP = 6, 5  # SmolLM2's added (special) tokens <filename> and <file_sep>
 FILE_TAG = {
-    "structures": [{"begin": "<filename>{", "schema": WEATHER, "end": "}<file_sep>"}],
+    "structures": [{"begin": "<filename>", "schema": WEATHER, "end": "<file_sep>"}],
     "triggers": ["<filename>"],
 }
 
@@ -219,9 +219,7 @@ def test_special_tokens_in_tags_are_the_tokens_themselves() -> None:
     """A tag text holding a special / added token's text (as Qwen's <tool_call> is) means that
     token: the model writes it as the one token, never spelled out in ordinary tokens, and no
     other special token is allowed."""
-    schema = {**WEATHER, "properties": {"city": {"type": "string"}}}
-    tag = {**FILE_TAG, "structures": [{**FILE_TAG["structures"][0], "schema": schema}]}
-    tag["structures"][0]["begin"], tag["structures"][0]["end"] = "<filename>", "<file_sep>"
+    tag = FILE_TAG
     text_ids = encode("Let me look. ")
     value_ids = encode('{"city": "Oslo"}')
     assert FILENAME not in text_ids and encode("<filename>") == [FILENAME]

@@ -104,23 +104,30 @@ def test_tool_call_format_follows_the_chat_template() -> None:
     assert tool_call_format(None) == "hermes"
 
 
-def walk_text(spec: str, text: str, tokenizer: Any = None) -> str:
-    """'complete', 'prefix' or 'blocked': `text` token by token through the spec's matcher
-    (SmolLM2's tokenizer, or `tokenizer`)."""
-    from test_constrain_support import STOP, backend, encode, walk
+def walk_ids(spec: str, ids: list[int], tokenizer: Any = None) -> str:
+    """'complete', 'prefix' or 'blocked': token ids one by one through the structural tag's
+    matcher (SmolLM2's tokenizer, or `tokenizer`)."""
+    from test_constrain_support import STOP, VOCAB, backend, walk
 
     from weft.constrain import GrammarSpec, create_grammar_backend
 
     if tokenizer is None:
-        grammars, ids = backend("llguidance"), encode(text)
+        grammars, vocab = backend("llguidance"), VOCAB
     else:
         grammars = create_grammar_backend("llguidance", tokenizer, len(tokenizer), [STOP])
-        ids = tokenizer.encode(text, add_special_tokens=False)
-    compiled = grammars.compile(GrammarSpec("structural_tag", spec))
-    w = walk(compiled.matcher(), ids, len(tokenizer) if tokenizer is not None else 49152)
+        vocab = len(tokenizer)
+    w = walk(grammars.compile(GrammarSpec("structural_tag", spec)).matcher(), ids, vocab)
     if w.blocked_at is not None:
         return "blocked"
     return "complete" if w.stop_at_end else "prefix"
+
+
+def walk_text(spec: str, text: str, tokenizer: Any = None) -> str:
+    """walk_ids of `text` as the tokenizer encodes it."""
+    from test_constrain_support import encode
+
+    ids = encode(text) if tokenizer is None else tokenizer.encode(text, add_special_tokens=False)
+    return walk_ids(spec, ids, tokenizer)
 
 
 def test_strict_auto_calls_are_constrained_to_known_functions_and_their_schemas() -> None:
@@ -455,13 +462,7 @@ def test_qwen_style_tool_call_tokens_are_written_as_the_tokens() -> None:
     # the same text in ordinary tokens (SmolLM2's own tokenizer has no such token) is blocked
     spelled = tokenizer().encode("<tool_call>", add_special_tokens=False)
     assert len(spelled) > 1 and opener not in spelled
-    from test_constrain_support import STOP, walk
-
-    from weft.constrain import GrammarSpec, create_grammar_backend
-
-    grammars = create_grammar_backend("llguidance", qwen_like, len(qwen_like), [STOP])
-    matcher = grammars.compile(GrammarSpec("structural_tag", tag)).matcher()
-    assert walk(matcher, spelled, len(qwen_like)).blocked_at is not None
+    assert walk_ids(tag, spelled, qwen_like) == "blocked"
 
 
 def test_special_markers_keep_special_tokens_in_the_text() -> None:
