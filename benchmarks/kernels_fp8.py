@@ -42,28 +42,42 @@ def bench_decode_fp8_tune(ceiling: float) -> None:
 
 
 def bench_decode_fp8_peer(ceiling: float) -> None:
-    """weft's decode on an fp8 (e4m3) pool next to FlashInfer's tensor-core decode on the same
-    pool (the peer; FlashInfer dequantizes in its kernel), and both on the bf16 pool, at offline
-    throughput's batches; % of the copy ceiling counts the pool's bytes (1 per element for fp8)."""
+    """weft's decode on an fp8 (e4m3) pool, V tiles converted where loaded (staged, the CUDA
+    default) and sunk into the dot operand (the old way), next to FlashInfer's tensor-core decode
+    on the same pool (the peer; it dequantizes in its kernel), and both on the bf16 pool, at
+    offline throughput's batches; % of the copy ceiling counts the pool's bytes (1 per element
+    for fp8). The staged kernel's launch is swept too; its output is checked against the old."""
     from weft.kernels import decode_attention, decode_num_kv_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     kv_len = 1536
     print(f"\ndecode, fp8 e4m3 vs bf16 pool, kv {kv_len}, 32 q / 8 kv heads, d=128, page 16")
-    print("  per pool: weft triton | FlashInfer 0.5.3 tensor-core decode (us, % of copy)")
+    print("  us and % of copy: weft | FlashInfer 0.5.3 tensor-core decode")
     for bsz in (64, 256, 512):
         args = decode_setup(bsz, kv_len)
         pick = decode_num_kv_splits(bsz, 8, kv_len, sms)
-        cells = []
-        for name in ("bf16", "fp8"):
-            if name == "fp8":
-                args["k_buffer"] = args["k_buffer"].to(torch.float8_e4m3fn)
-                args["v_buffer"] = args["v_buffer"].to(torch.float8_e4m3fn)
-            nbytes = decode_bytes(bsz, kv_len, kv_bytes=args["k_buffer"].element_size())
-            ours = time_ms(partial(decode_attention, **args, num_kv_splits=pick))
-            cell = f"{name} {ours * 1e3:6.1f} us = {nbytes / ours / 1e6 / ceiling:4.0%}"
-            peer = flashinfer_decode_ms(args, bsz, kv_len)
-            if peer is not None:
-                cell += f" | {peer * 1e3:6.1f} us = {nbytes / peer / 1e6 / ceiling:4.0%}"
-            cells.append(cell)
-        print(f"  B={bsz:<3} " + "  ||  ".join(cells))
+
+        def cell(name: str, ms: float | None, nbytes: int) -> str:
+            if ms is None:
+                return f"{name} n/a"
+            return f"{name} {ms * 1e3:6.1f} us = {nbytes / ms / 1e6 / ceiling:4.0%}"
+
+        nbytes = decode_bytes(bsz, kv_len)
+        row = [cell("bf16", time_ms(partial(decode_attention, **args, num_kv_splits=pick)), nbytes),
+               cell("FI bf16", flashinfer_decode_ms(args, bsz, kv_len), nbytes)]  # fmt: skip
+        args["k_buffer"] = args["k_buffer"].to(torch.float8_e4m3fn)
+        args["v_buffer"] = args["v_buffer"].to(torch.float8_e4m3fn)
+        nbytes = decode_bytes(bsz, kv_len, kv_bytes=1)
+        outs = {}
+        for staged in (False, True):
+            run = partial(decode_attention, **args, num_kv_splits=pick, fp8_v_staged=staged)
+            row.append(cell(f"fp8 {'staged' if staged else 'sunk'}", time_ms(run), nbytes))
+            outs[staged] = run().float().clone()
+        row.append(cell("FI fp8", flashinfer_decode_ms(args, bsz, kv_len), nbytes))
+        diff = (outs[True] - outs[False]).abs().max().item()
+        print(f"  B={bsz:<3} " + " | ".join(row) + f"  (staged vs sunk: max |diff| {diff:.2e})")
+        grid = [(pick, bn, w, st) for bn in (64, 128) for w in (4, 8) for st in (2, 3)]
+        results = sweep_launches({**args, "fp8_v_staged": True}, bsz, grid)
+        print("        staged, best launches: " + ", ".join(
+            f"{ms * 1e3:.1f} us = {nbytes / ms / 1e6 / ceiling:.0%} (block_n {bn}, warps {w}, "
+            f"stages {st})" for ms, _, bn, w, st in results[:3]))  # fmt: skip

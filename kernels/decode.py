@@ -22,6 +22,18 @@ MIN_SPLIT_TOKENS = 64
 
 
 @triton.jit
+def _e4m3_to_f16_here(x):  # type: ignore[no-untyped-def]
+    """e4m3 -> float16 by the hardware instruction (sm_89+; CUDA only), 4 values per call, in
+    the layout x was loaded in: as an opaque (impure) op the compiler cannot sink the conversion
+    into the dot's operand layout (see `_attend`)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+        "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4,
+    )  # fmt: skip
+
+
+@triton.jit
 def _attend(  # type: ignore[no-untyped-def]
     q,  # [BLOCK_R, BLOCK_D] query rows, all served by kv head kvh
     K_buf,  # [num_slots, Hkv, D]
@@ -41,6 +53,7 @@ def _attend(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FP16_DOTS: tl.constexpr,  # an fp8 pool under a 16-bit q: both dots in float16
+    V_STAGED: tl.constexpr,  # with FP16_DOTS: V converted before its layout change (CUDA)
 ):
     """Online softmax of q over the keys at slots Tokens[start:end]: (acc, row max, row sum).
 
@@ -48,7 +61,13 @@ def _attend(  # type: ignore[no-untyped-def]
     float16 is one instruction per two values on sm_89+, e4m3 -> bfloat16 takes more. At batch
     512, kv 1536 on an fp8 pool: 697 -> 636 us (block_n 128; 907.8 us at the old block_n 64),
     60% of the copy ceiling; moving the bits with integer ops instead: 868 us (BENCHMARKS.md,
-    seventh session). Every e4m3 value is exact in float16; a bf16 q loses range beyond 65504."""
+    seventh session). Every e4m3 value is exact in float16; a bf16 q loses range beyond 65504.
+    NOTE: V_STAGED: a V tile is the dot's second operand with its rows (keys) as the reduction,
+    and mma wants consecutive keys per register; for 16-bit tiles ldmatrix.trans transposes, for
+    8-bit ones nothing does, so a conversion sunk into the operand layout reads V byte by byte
+    (128 ld.shared.b8 per thread per tile, 907 PTX instructions per iteration vs 310 for bf16).
+    Converted where it was loaded, V goes through shared memory as float16 and ldmatrix.trans
+    (555 instructions)."""
     if FP16_DOTS:
         q = q.to(tl.float16)
     offs_d = tl.arange(0, BLOCK_D)
@@ -71,7 +90,69 @@ def _attend(  # type: ignore[no-untyped-def]
         p = tl.exp2(s - m_new[:, None])  # [BLOCK_R, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, 1)
         v_ptrs = V_buf + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        if V_STAGED:
+            v = _e4m3_to_f16_here(v)
+        else:
+            v = v.to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _attend_prefetched(  # type: ignore[no-untyped-def]
+    q, K_buf, V_buf, Tokens, start, end, kvh, qk_scale,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    BLOCK_R: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr, V_STAGED: tl.constexpr,
+):  # fmt: skip
+    """`_attend` with its loads issued a tile ahead into registers (slots two tiles ahead), so
+    a program's next K/V tile is in flight while it computes on this one (the compiler's
+    pipeline keeps one tile in shared memory and waits for it at the top of each iteration)."""
+    if FP16_DOTS:
+        q = q.to(tl.float16)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    d_mask = offs_d < D
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    n = start + offs_n
+    slot = tl.load(Tokens + n, mask=n < end, other=0).to(tl.int64)
+    kv_mask = (n < end)[:, None] & d_mask[None, :]
+    k_next = tl.load(K_buf + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
+                     mask=kv_mask, other=0.0)  # fmt: skip
+    v_next = tl.load(V_buf + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+                     mask=kv_mask, other=0.0)  # fmt: skip
+    n = n + BLOCK_N
+    slot_next = tl.load(Tokens + n, mask=n < end, other=0).to(tl.int64)
+    for n0 in range(start, end, BLOCK_N):
+        n_mask = (n0 + offs_n) < end
+        k = k_next
+        v = v_next
+        n1 = n0 + BLOCK_N + offs_n
+        kv_mask = (n1 < end)[:, None] & d_mask[None, :]
+        k_next = tl.load(
+            K_buf + slot_next[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
+            mask=kv_mask, other=0.0,
+        )  # fmt: skip
+        v_next = tl.load(
+            V_buf + slot_next[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+            mask=kv_mask, other=0.0,
+        )  # fmt: skip
+        n2 = n1 + BLOCK_N
+        slot_next = tl.load(Tokens + n2, mask=n2 < end, other=0).to(tl.int64)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])  # [BLOCK_R, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if V_STAGED:
+            v = _e4m3_to_f16_here(v)
+        else:
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
@@ -118,6 +199,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     DOT_PRECISION: tl.constexpr,
     FP16_DOTS: tl.constexpr,
     HAS_KV_STARTS: tl.constexpr,
+    V_STAGED: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -137,11 +220,18 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     if end > start:
         q_ptrs = Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
         q = tl.load(q_ptrs, mask=hd_mask, other=0.0)  # [BLOCK_H, BLOCK_D]
-        acc, m_i, l_i = _attend(
-            q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start, kv_start + end,
-            kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
-            BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS,
-        )  # fmt: skip
+        if PREFETCH:
+            acc, m_i, l_i = _attend_prefetched(
+                q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start, kv_start + end,
+                kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
+                BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
+            )  # fmt: skip
+        else:
+            acc, m_i, l_i = _attend(
+                q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start, kv_start + end,
+                kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
+                BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
+            )  # fmt: skip
         o_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
         tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
         lse_ptrs = Part_lse + b * stride_lb + heads * stride_lh + split
@@ -206,6 +296,12 @@ def fp16_dots(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
     return k_buffer.element_size() == 1 and q.dtype != torch.float32
 
 
+def fp8_v_staging(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
+    """Whether an fp8 pool's V tiles can be converted where they are loaded (`_attend`): the
+    conversion is inline PTX, so CUDA only (the interpreter sinks it into the dot as before)."""
+    return fp16_dots(q, k_buffer) and q.is_cuda
+
+
 def decode_num_kv_splits(
     batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int = 132
 ) -> int:
@@ -234,6 +330,8 @@ def decode_attention(
     shared: SharedPrefix | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    fp8_v_staged: bool | None = None,
+    prefetch: bool = False,
 ) -> torch.Tensor:
     """Attention of each request's one query over its whole paged KV; returns `out`.
 
@@ -244,7 +342,9 @@ def decode_attention(
     itself; where kv_starts[b] > 0, b is a member of exactly one block of `shared` whose
     block_lens equals kv_starts[b] (same slots: the caller guarantees both), and that block's
     programs supply keys [0, kv_starts[b]). `block_n`, `num_warps`, `num_stages` override the
-    per-request kernel's launch (SharedPrefix carries the prefix kernel's).
+    per-request kernel's launch (SharedPrefix carries the prefix kernel's). `fp8_v_staged`
+    (an fp8 pool under a 16-bit q; CUDA only, the default there) converts V tiles before their
+    layout change (`_attend`); False sinks the conversion into the dot operand.
 
     `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
     S' >= num_kv_splits + shared.num_splits) so CUDA-graph replays reuse one buffer. No host sync:
@@ -265,6 +365,9 @@ def decode_attention(
     check_tensor(out, "out", (bsz, heads, dim), (q.dtype,), dev)
     assert heads % num_kv_heads == 0, f"{heads} q heads do not group over {num_kv_heads} kv heads"
     fp32 = q.dtype == torch.float32
+    v_staged = fp8_v_staging(q, k_buffer) if fp8_v_staged is None else fp8_v_staged
+    if v_staged and not fp8_v_staging(q, k_buffer):
+        raise ValueError("decode_attention: fp8_v_staged needs an fp8 pool, a 16-bit q, CUDA")
     # NOTE: float32 tiles are halved: at 64 keys the fp32 (FMA) dot spills on sm_90 (ptxas report)
     # an fp8 pool: 128 keys per tile keep a tile's bytes those of 64 bf16 keys (measured best)
     block_n = block_n or (32 if fp32 else 128 if k_buffer.element_size() == 1 else 64)
@@ -301,7 +404,7 @@ def decode_attention(
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32", FP16_DOTS=fp16_dots(q, k_buffer),
-        HAS_KV_STARTS=kv_starts is not None,
+        HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged, PREFETCH=prefetch,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
     if shared is not None:

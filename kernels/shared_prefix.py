@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode import LOG2E, _attend, _split_range, fp16_dots
+from .decode import LOG2E, _attend, _split_range, fp8_v_staging, fp16_dots
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,7 @@ def _prefix_split_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FP16_DOTS: tl.constexpr,
+    V_STAGED: tl.constexpr,
 ):
     tiles = tl.cdiv(num_members, BLOCK_M)
     blk = tl.program_id(0) // tiles
@@ -102,7 +103,7 @@ def _prefix_split_kernel(  # type: ignore[no-untyped-def]
         acc, m_i, l_i = _attend(
             q, K_buf, V_buf, Req_to_token + row * stride_rr, start, end,
             kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
-            BLOCK_R, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS,
+            BLOCK_R, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
         )  # fmt: skip
         col = col0 + split
         o_ptrs = Part_o + member[:, None] * stride_ob + heads[:, None] * stride_oh + col * stride_os
@@ -144,5 +145,6 @@ def shared_prefix_splits(
         BLOCK_R=max(16, triton.next_power_of_2(block_m * group)),
         BLOCK_D=triton.next_power_of_2(q.shape[2]), BLOCK_N=block_n,
         DOT_PRECISION="ieee" if fp32 else "tf32", FP16_DOTS=fp16_dots(q, k_buffer),
+        V_STAGED=fp8_v_staging(q, k_buffer),
         num_warps=shared.num_warps or (8 if fp32 else 4), num_stages=shared.num_stages or (2 if fp32 else 3),
     )  # fmt: skip

@@ -74,15 +74,18 @@ def test_decode_attention(
     assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn])
 def test_decode_attention_shared_prefix(dtype: torch.dtype) -> None:
     """Groups reading their prefix once (one of 20 members: two blocks) plus loners, against the
-    reference over each request's whole table row."""
+    reference over each request's whole table row (float8: bf16 queries over an e4m3 pool)."""
+    fp8, dtype = dtype == torch.float8_e4m3fn, torch.bfloat16 if dtype.itemsize == 1 else dtype
     groups, size, prefix, loners, dim = [1000, 2048, 700], 20, 0, 5, 128
     sizes = [size, 3, 2]
     lens = [p + n for p, k in zip(groups, sizes, strict=True) for n in ragged(k, 1, 300)]
     lens += ragged(loners, 1, 3000)
     k_buffer, v_buffer, table, rows = bench.random_pool(lens, 16, 8, dim, dtype, poison=True)
+    if fp8:
+        k_buffer, v_buffer = k_buffer.to(torch.float8_e4m3fn), v_buffer.to(torch.float8_e4m3fn)
     members, block_rows, block_lens, starts = [], [], [], [0] * len(lens)
     first = 0
     for p, k in zip(groups, sizes, strict=True):
@@ -138,6 +141,24 @@ def test_decode_and_extend_attention_read_an_fp8_pool() -> None:
     ext_args = (q, k, v, k_buffer, v_buffer, table, rows, *lens_args)
     wk.extend_attention(*ext_args, out, 128**-0.5, max(ext))
     assert_close(out, ref.extend_attention_ref(*ext_args, 128**-0.5), TOL[torch.bfloat16])
+
+
+@pytest.mark.parametrize("staged", [True, False])
+@pytest.mark.parametrize("heads, hkv, dim, dtype", [(32, 8, 128, torch.bfloat16),
+                                                    (64, 8, 64, torch.float16)])  # fmt: skip
+def test_fp8_decode_with_v_staged_or_sunk(
+    staged: bool, heads: int, hkv: int, dim: int, dtype: torch.dtype
+) -> None:
+    """An fp8 pool's V tiles converted where loaded (inline PTX, the CUDA default) or in the dot
+    operand: both against the reference, ragged lengths, a tile's tail masked."""
+    lens = ragged(40, 1, 1700)
+    k_buffer, v_buffer, table, rows = bench.random_pool(lens, 16, hkv, dim, dtype, poison=True)
+    k_buffer, v_buffer = k_buffer.to(torch.float8_e4m3fn), v_buffer.to(torch.float8_e4m3fn)
+    q = torch.randn(40, heads, dim, dtype=dtype, device=DEV)
+    out = torch.full_like(q, float("nan"))
+    args = (k_buffer, v_buffer, table, rows, torch.tensor(lens, device=DEV))
+    wk.decode_attention(q, *args, out, dim**-0.5, 4, fp8_v_staged=staged)
+    assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[torch.bfloat16])
 
 
 EXTEND_CASES = [
