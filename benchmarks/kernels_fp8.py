@@ -69,15 +69,16 @@ def bench_decode_fp8_peer(ceiling: float) -> None:
         args["v_buffer"] = args["v_buffer"].to(torch.float8_e4m3fn)
         nbytes = decode_bytes(bsz, kv_len, kv_bytes=1)
         outs = {}
-        for staged in (False, True):
-            run = partial(decode_attention, **args, num_kv_splits=pick, fp8_v_staged=staged)
-            row.append(cell(f"fp8 {'staged' if staged else 'sunk'}", time_ms(run), nbytes))
-            outs[staged] = run().float().clone()
+        modes = {"sunk": {"fp8_v_staged": False}, "staged": {}}
+        for mode, kw in modes.items():
+            run = partial(decode_attention, **args, num_kv_splits=pick, **kw)
+            row.append(cell(f"fp8 {mode}", time_ms(run), nbytes))
+            outs[mode] = run().float().clone()
         row.append(cell("FI fp8", flashinfer_decode_ms(args, bsz, kv_len), nbytes))
-        diff = (outs[True] - outs[False]).abs().max().item()
+        diff = (outs["staged"] - outs["sunk"]).abs().max().item()
         print(f"  B={bsz:<3} " + " | ".join(row) + f"  (staged vs sunk: max |diff| {diff:.2e})")
-        grid = [(pick, bn, w, st) for bn in (64, 128) for w in (4, 8) for st in (2, 3)]
-        results = sweep_launches({**args, "fp8_v_staged": True}, bsz, grid)
+        grid = [(pick, bn, w, st) for bn in (64, 128) for w in (4, 8) for st in (2, 3, 4)]
+        results = sweep_launches(args, bsz, grid)
         print("        staged, best launches: " + ", ".join(
             f"{ms * 1e3:.1f} us = {nbytes / ms / 1e6 / ceiling:.0%} (block_n {bn}, warps {w}, "
             f"stages {st})" for ms, _, bn, w, st in results[:3]))  # fmt: skip

@@ -101,64 +101,6 @@ def _attend(  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _attend_prefetched(  # type: ignore[no-untyped-def]
-    q, K_buf, V_buf, Tokens, start, end, kvh, qk_scale,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    BLOCK_R: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, FP16_DOTS: tl.constexpr, V_STAGED: tl.constexpr,
-):  # fmt: skip
-    """`_attend` with its loads issued a tile ahead into registers (slots two tiles ahead), so
-    a program's next K/V tile is in flight while it computes on this one (the compiler's
-    pipeline keeps one tile in shared memory and waits for it at the top of each iteration)."""
-    if FP16_DOTS:
-        q = q.to(tl.float16)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    d_mask = offs_d < D
-    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    n = start + offs_n
-    slot = tl.load(Tokens + n, mask=n < end, other=0).to(tl.int64)
-    kv_mask = (n < end)[:, None] & d_mask[None, :]
-    k_next = tl.load(K_buf + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
-                     mask=kv_mask, other=0.0)  # fmt: skip
-    v_next = tl.load(V_buf + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                     mask=kv_mask, other=0.0)  # fmt: skip
-    n = n + BLOCK_N
-    slot_next = tl.load(Tokens + n, mask=n < end, other=0).to(tl.int64)
-    for n0 in range(start, end, BLOCK_N):
-        n_mask = (n0 + offs_n) < end
-        k = k_next
-        v = v_next
-        n1 = n0 + BLOCK_N + offs_n
-        kv_mask = (n1 < end)[:, None] & d_mask[None, :]
-        k_next = tl.load(
-            K_buf + slot_next[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
-            mask=kv_mask, other=0.0,
-        )  # fmt: skip
-        v_next = tl.load(
-            V_buf + slot_next[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-            mask=kv_mask, other=0.0,
-        )  # fmt: skip
-        n2 = n1 + BLOCK_N
-        slot_next = tl.load(Tokens + n2, mask=n2 < end, other=0).to(tl.int64)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])  # [BLOCK_R, BLOCK_N]
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if V_STAGED:
-            v = _e4m3_to_f16_here(v)
-        else:
-            v = v.to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
-    return acc, m_i, l_i
-
-
-@triton.jit
 def _split_range(length, num_splits, split, BLOCK_N: tl.constexpr):  # type: ignore[no-untyped-def]
     """[start, end) of split `split` of `length` keys: whole blocks per split, the last ragged."""
     split_len = tl.cdiv(tl.cdiv(length, num_splits), BLOCK_N) * BLOCK_N
@@ -200,7 +142,6 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     FP16_DOTS: tl.constexpr,
     HAS_KV_STARTS: tl.constexpr,
     V_STAGED: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -220,18 +161,11 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     if end > start:
         q_ptrs = Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
         q = tl.load(q_ptrs, mask=hd_mask, other=0.0)  # [BLOCK_H, BLOCK_D]
-        if PREFETCH:
-            acc, m_i, l_i = _attend_prefetched(
-                q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start, kv_start + end,
-                kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
-                BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
-            )  # fmt: skip
-        else:
-            acc, m_i, l_i = _attend(
-                q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start, kv_start + end,
-                kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
-                BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
-            )  # fmt: skip
+        acc, m_i, l_i = _attend(
+            q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start, kv_start + end,
+            kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
+            BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
+        )  # fmt: skip
         o_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
         tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
         lse_ptrs = Part_lse + b * stride_lb + heads * stride_lh + split
@@ -331,7 +265,6 @@ def decode_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     fp8_v_staged: bool | None = None,
-    prefetch: bool = False,
 ) -> torch.Tensor:
     """Attention of each request's one query over its whole paged KV; returns `out`.
 
@@ -404,7 +337,7 @@ def decode_attention(
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32", FP16_DOTS=fp16_dots(q, k_buffer),
-        HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged, PREFETCH=prefetch,
+        HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
     if shared is not None:

@@ -150,15 +150,18 @@ def test_fp8_decode_with_v_staged_or_sunk(
     staged: bool, heads: int, hkv: int, dim: int, dtype: torch.dtype
 ) -> None:
     """An fp8 pool's V tiles converted where loaded (inline PTX, the CUDA default) or in the dot
-    operand: both against the reference, ragged lengths, a tile's tail masked."""
+    operand: both against the reference, ragged lengths, a tile's tail masked, splits of one tile
+    and of many."""
     lens = ragged(40, 1, 1700)
     k_buffer, v_buffer, table, rows = bench.random_pool(lens, 16, hkv, dim, dtype, poison=True)
     k_buffer, v_buffer = k_buffer.to(torch.float8_e4m3fn), v_buffer.to(torch.float8_e4m3fn)
     q = torch.randn(40, heads, dim, dtype=dtype, device=DEV)
-    out = torch.full_like(q, float("nan"))
     args = (k_buffer, v_buffer, table, rows, torch.tensor(lens, device=DEV))
-    wk.decode_attention(q, *args, out, dim**-0.5, 4, fp8_v_staged=staged)
-    assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[torch.bfloat16])
+    expected = ref.decode_attention_ref(q, *args, dim**-0.5)
+    for splits in (1, 4, 16):
+        out = torch.full_like(q, float("nan"))
+        wk.decode_attention(q, *args, out, dim**-0.5, splits, fp8_v_staged=staged)
+        assert_close(out, expected, TOL[torch.bfloat16])
 
 
 EXTEND_CASES = [
