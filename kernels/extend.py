@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from ._check import INDEX_DTYPES, check_tensor, kv_dtypes
-from .decode import LOG2E
+from .decode import LOG2E, _e4m3_to_f16_here, fp8_v_staging, fp16_dots
 
 
 @triton.jit
@@ -44,6 +44,8 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FP16_DOTS: tl.constexpr,  # an fp8 pool under a 16-bit q: the prefix's dots in float16
+    V_STAGED: tl.constexpr,  # the prefix's V tiles converted where loaded (decode.py's `_attend`)
 ):
     # One program: BLOCK_M new queries of request b, q head h.
     #
@@ -70,21 +72,28 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
         # stage 1: the cached prefix, read through req_to_token (no causal mask needed)
+        q1 = q
+        if FP16_DOTS:
+            q1 = q.to(tl.float16)
         for n0 in range(0, prefix, BLOCK_N):
             n = n0 + offs_n
             n_mask = n < prefix
             kv_mask = n_mask[:, None] & d_mask[None, :]
             slot = tl.load(Req_to_token + row * stride_rr + n, mask=n_mask, other=0).to(tl.int64)
             k_ptrs = K_buf + slot[:, None] * stride_kbt + kvh * stride_kbh + offs_d[None, :]
-            k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N]
+            k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q1.dtype)  # [BLOCK_N, BLOCK_D]
+            s = tl.dot(q1, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N]
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v_ptrs = V_buf + slot[:, None] * stride_vbt + kvh * stride_vbh + offs_d[None, :]
-            v = tl.load(v_ptrs, mask=kv_mask, other=0.0).to(q.dtype)
+            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+            if V_STAGED:
+                v = _e4m3_to_f16_here(v)
+            else:
+                v = v.to(q1.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m_i = m_new
 
@@ -172,6 +181,7 @@ def extend_attention(
         req_to_token.stride(0), out.stride(0), out.stride(1),
         G=heads // num_kv_heads, D=dim, BLOCK_D=triton.next_power_of_2(dim), BLOCK_M=block_m,
         BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
+        FP16_DOTS=fp16_dots(q, k_buffer), V_STAGED=fp8_v_staging(q, k_buffer),
         num_warps=num_warps or (8 if block_m * dim >= 128 * 128 else 4), num_stages=2,
     )  # fmt: skip
     return out
