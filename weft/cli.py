@@ -10,6 +10,7 @@ import typing
 from typing import Any
 
 from weft.runtime.config import EngineConfig
+from weft.runtime.http.tool_parser import TOOL_CALL_PARSERS
 
 _HELP = {
     "model": "HF folder or .gguf file; none = the packaged SmolLM2-135M-Instruct",
@@ -109,6 +110,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name,
         chat_template=args.chat_template,
         incremental_streaming_output=args.incremental_streaming_output,
+        tool_call_parser=args.tool_call_parser,
     )
     return run_server(config)
 
@@ -133,6 +135,14 @@ def main(argv: list[str] | None = None) -> int:
         "--chat-template",
         default=None,
         help="a Jinja chat template file (default: the model's own)",
+    )
+    serve.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        choices=list(TOOL_CALL_PARSERS),
+        help="how the model writes tool calls: hermes / qwen25 (<tool_call> blocks), mistral "
+        "([TOOL_CALLS]), llama3 (a JSON call as the message); the format that strict functions "
+        "under tool_choice auto are constrained to (default auto: the chat template's)",
     )
     serve.add_argument(
         "--incremental-streaming-output",

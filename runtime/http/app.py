@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from weft.runtime.chat import load_chat_template
 from weft.runtime.config import EngineConfig
 from weft.runtime.http.metrics import Metrics
+from weft.runtime.http.tool_parser import TOOL_CALL_PARSERS, ToolFormat
 from weft.runtime.launch import Runtime, start_runtime
 from weft.runtime.tokenizer_manager import RuntimeDown, TokenizerManager
 
@@ -39,12 +40,18 @@ class ServerConfig:
     chat_template: str | None = None  # path of a Jinja file overriding the tokenizer's template
     incremental_streaming_output: bool = False  # native /generate streams deltas instead of totals
     enable_cache_report: bool = True  # usage.prompt_tokens_details.cached_tokens on /v1
+    tool_call_parser: str = "auto"  # the tool-call format; auto: the chat template's
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty")
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                f"got {self.tool_call_parser!r}"
+            )
 
     @property
     def model_name(self) -> str:
@@ -64,6 +71,9 @@ class AppState:
         self.on_fatal: list[Any] = []  # called with the reason when start-up fails or a child dies
         self.exit_code = 0
         self.metrics = Metrics()
+        # (the tool-call format, whether its markers are special tokens): set at the first
+        # chat request with tools, once the tokenizer is known
+        self.tool_format: tuple[ToolFormat, bool] | None = None
 
     @property
     def ready(self) -> bool:

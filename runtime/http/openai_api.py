@@ -30,14 +30,14 @@ from weft.runtime.http.openai_protocol import (
 )
 from weft.runtime.http.responses import held_stream, openai_stream, unenforced_headers
 from weft.runtime.http.tool_calls import (
-    ToolCallParser,
     ToolPlan,
     finish_reason,
     markers_are_special,
+    resolve_tool_format,
     split_output,
     stream_deltas,
-    tool_call_format,
 )
+from weft.runtime.http.tool_parser import ToolCallParser, ToolFormat
 from weft.runtime.tokenizer_manager import ReqState, TokenizerManager
 
 router = APIRouter()
@@ -203,6 +203,17 @@ def _choice(
 ##### /v1/chat/completions #####
 
 
+def _tool_format(state: AppState) -> tuple[ToolFormat, bool]:
+    """The server's tool-call format (--tool-call-parser, or the chat template's) and whether
+    its markers are special tokens of the tokenizer: worked out once."""
+    if state.tool_format is None:
+        tokenizer = state.rt.tokenizer
+        template = state.chat_template or getattr(tokenizer, "chat_template", None)
+        fmt = resolve_tool_format(state.config.tool_call_parser, template)
+        state.tool_format = (fmt, markers_are_special(tokenizer))
+    return state.tool_format
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     state = state_of(request)
@@ -222,8 +233,8 @@ async def chat_completions(request: Request) -> Response:
             "max_completion_tokens",
         )
     messages = normalize_messages(req.messages)
-    template = state.chat_template or getattr(rt.tokenizer, "chat_template", None)
-    plan = req.tool_plan(tool_call_format(template))
+    tool_format, markers_special = _tool_format(state)
+    plan = req.tool_plan(tool_format)
     prompt = render_chat(
         rt.tokenizer,
         messages,
@@ -233,11 +244,7 @@ async def chat_completions(request: Request) -> Response:
         template_kwargs=req.chat_template_kwargs,
     )
     params = req.sampling_params(max_new, _generation_defaults(str(rt.model_path)))
-    if (
-        plan.mode != "none"
-        and req.skip_special_tokens is None
-        and markers_are_special(rt.tokenizer)
-    ):
+    if plan.mode != "none" and req.skip_special_tokens is None and markers_special:
         params["skip_special_tokens"] = False
     constraint = plan.constraint()
     if constraint:

@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from weft.constrain import GrammarError, GrammarSpec
 from weft.runtime.http.app import BadRequest
-from weft.runtime.http.tool_calls import ToolFormat, ToolPlan, plan_tools
+from weft.runtime.http.tool_calls import ToolPlan, plan_tools
+from weft.runtime.http.tool_parser import ToolFormat
 
 # Known fields weft cannot honour: a 400 naming the field when one is set (not null).
 UNSUPPORTED_FIELDS = {

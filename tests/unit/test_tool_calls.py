@@ -12,9 +12,6 @@ from hypothesis import strategies as st
 
 from weft.runtime.http.app import BadRequest
 from weft.runtime.http.tool_calls import (
-    Mode,
-    ToolCall,
-    ToolCallParser,
     finish_reason,
     markers_are_special,
     plan_tools,
@@ -22,6 +19,7 @@ from weft.runtime.http.tool_calls import (
     stream_deltas,
     tool_call_format,
 )
+from weft.runtime.http.tool_parser import Mode, ToolCall, ToolCallParser
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [
