@@ -40,6 +40,7 @@ class TokenSpace:
         self.stop_ids = frozenset(stop_ids)
         self.special_ids = frozenset(s for s in special_ids if s not in self.stop_ids)
         self.words = (vocab_size + 31) // 32
+        self._tokenizer_fingerprint = fingerprint
         self.fingerprint = f"{fingerprint}:{vocab_size}:{sorted(self.stop_ids)}"
         banned = self.stop_ids | self.special_ids
         if tokenizer_size % 32:  # the padded ids that share a word with real ones
@@ -50,16 +51,16 @@ class TokenSpace:
 
     def allowing(self, structure_ids: Collection[int]) -> TokenSpace:
         """This space with `structure_ids` (special or added tokens a grammar writes itself,
-        such as a tool-call tag) allowed wherever that grammar allows them."""
+        such as a tool-call tag) allowed wherever that grammar allows them. Same tokenizer, so
+        the same fingerprint: the grammar that needs it is keyed by its own spec."""
         ids = frozenset(structure_ids)
         if not ids:
             return self
         assert not ids & self.stop_ids, "a stop id is never a structure token"
-        space = TokenSpace(
-            self.vocab_size, self.tokenizer_size, self.stop_ids, self.special_ids - ids, ""
-        )
-        space.fingerprint = self.fingerprint
-        return space
+        return TokenSpace(
+            self.vocab_size, self.tokenizer_size, self.stop_ids, self.special_ids - ids,
+            self._tokenizer_fingerprint,
+        )  # fmt: skip
 
     def is_content(self, token: int) -> bool:
         return (

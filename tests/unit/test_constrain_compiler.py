@@ -211,3 +211,17 @@ def test_unknown_backend_and_bad_vocab_sizes() -> None:
         create_grammar_backend("llguidance", tok, 100, [2])
     with pytest.raises(ValueError, match="stop ids"):
         create_grammar_backend("llguidance", tok, 288, [])
+
+
+def test_a_space_allowing_structure_tokens_keeps_the_rest() -> None:
+    """`allowing`: the structure ids become maskable like content, the other special ids stay
+    never-content, stops and the fingerprint (the tokenizer's) are unchanged."""
+    space = TokenSpace(96, 70, [0, 1], [5, 6, 7], "tok")
+    tagged = space.allowing([6])
+    assert tagged.fingerprint == space.fingerprint and tagged.stop_ids == space.stop_ids
+    assert tagged.special_ids == {5, 7} and space.special_ids == {5, 6, 7}
+    assert space.allowing([]) is space
+    row = torch.full((space.words,), -1, dtype=torch.int32)
+    tagged.mask_non_content(row.data_ptr())
+    allowed = {t for t in range(96) if (int(row[t // 32]) >> (t % 32)) & 1}
+    assert allowed == set(range(2, 70)) - {5, 7}
