@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+
 import torch
 
 from weft.kernels import FP8_KV, FP8_MAX  # kv_cache_dtype="fp8_e4m3"; stores saturate at FP8_MAX
@@ -12,7 +14,12 @@ RESERVED_PAGES = 1
 
 
 class PageAllocator:
-    """Free list of KV pages. Callers speak in token slots; a slot is page * page_size + offset."""
+    """Free KV pages, handed out lowest first. Callers speak in token slots; a slot is
+    page * page_size + offset.
+
+    NOTE: lowest first keeps what is in use packed at the pool's low end however pages were
+    freed (finished requests, radix-cache evictions), as SGLang's sorted free pages do: a
+    request's pages stay close together, and a batch's KV spans few GPU memory pages."""
 
     def __init__(self, num_pages: int, page_size: int, device: torch.device | str) -> None:
         if num_pages <= RESERVED_PAGES:
@@ -22,7 +29,7 @@ class PageAllocator:
         self.num_pages = num_pages
         self.page_size = page_size
         self.device = torch.device(device)
-        self._free = list(range(num_pages - 1, RESERVED_PAGES - 1, -1))  # pop() gives low first
+        self._free = list(range(RESERVED_PAGES, num_pages))  # a min-heap (sorted is one)
         self._is_free = bytearray([0] * RESERVED_PAGES + [1] * (num_pages - RESERVED_PAGES))
 
     @property
@@ -38,7 +45,7 @@ class PageAllocator:
         """n whole pages, or None (and nothing taken) if fewer are free."""
         if n > len(self._free):
             return None
-        pages = [self._free.pop() for _ in range(n)]
+        pages = [heapq.heappop(self._free) for _ in range(n)]
         for p in pages:
             self._is_free[p] = 0
         return pages
@@ -52,7 +59,7 @@ class PageAllocator:
             assert p >= RESERVED_PAGES, "freeing the reserved padding page"
             assert not self._is_free[p], f"KV page {p} freed twice"
             self._is_free[p] = 1
-        self._free.extend(pages)
+            heapq.heappush(self._free, p)
 
     def page_slots(self, pages: list[int]) -> torch.Tensor:
         """All slots of the given pages, in order: int64 [len(pages) * page_size]."""

@@ -179,6 +179,19 @@ def test_free_gives_back_each_touched_page_once() -> None:
     assert alloc.alloc_pages(1) is None
 
 
+def test_pages_are_handed_out_lowest_first_whatever_the_order_of_frees() -> None:
+    """Freed pages scattered over the pool (finished requests, evictions) are reused from the
+    pool's low end, so what is in use stays packed there."""
+    alloc = PageAllocator(64, 16, "cpu")
+    held = alloc.alloc_pages(63)
+    assert held == list(range(1, 64))
+    for pages in ([40, 41, 42], [7], [63, 20], [3, 4]):  # freed in no particular order
+        alloc.free(alloc.page_slots(pages))
+    assert alloc.alloc_pages(4) == [3, 4, 7, 20]
+    assert alloc.alloc_pages(4) == [40, 41, 42, 63]
+    assert alloc.alloc_pages(1) is None
+
+
 ##### ReqToTokenPool and KVPool #####
 
 
