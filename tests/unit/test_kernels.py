@@ -326,8 +326,9 @@ def test_attention_reads_an_fp8_pool(q_dtype: torch.dtype) -> None:
     wk.decode_attention(q, *args, out, 0.125, 2, block_n=16)
     assert_close(out, ref.decode_attention_ref(q, *args, 0.125), TOL[q_dtype])
     if q_dtype == torch.bfloat16:
-        # NOTE: decode takes an fp8 pool's dots in float16 (FP16_DOTS), extend in the queries'
-        # dtype: the interpreter's bfloat16 dots are wrong (tests/gpu checks extend in bf16)
+        # NOTE: decode and extend's prefix take an fp8 pool's dots in float16 (FP16_DOTS),
+        # extend's new tokens in the queries' dtype: the interpreter's bfloat16 dots are wrong
+        # (tests/gpu checks extend in bf16)
         return
     prefix, ext = [16, 0, 30], [3, 5, 1]
     pool = make_pool([p + e for p, e in zip(prefix, ext, strict=True)], prefix, 16, 2, 64, FP8)
@@ -339,6 +340,18 @@ def test_attention_reads_an_fp8_pool(q_dtype: torch.dtype) -> None:
     ext_args = (q, k, v, pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows)
     wk.extend_attention(*ext_args, *lens_args, out, 0.125, max(ext), block_m=16, block_n=16)
     assert_close(out, ref.extend_attention_ref(*ext_args, *lens_args, 0.125), TOL[q_dtype])
+
+
+@interpreted
+def test_fp8_v_staging_is_cuda_only() -> None:
+    """The staged V conversion is inline PTX: asked for off CUDA (or on a 16-bit pool), a
+    ValueError that says what it needs."""
+    lens = [5, 9]
+    pool = make_pool(lens, lens, 16, 2, 64, FP8)
+    q = torch.randn(2, 8, 64, dtype=torch.float16)
+    args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, torch.tensor(lens))
+    with pytest.raises(ValueError, match="fp8_v_staged needs an fp8 pool, a 16-bit q, CUDA"):
+        wk.decode_attention(q, *args, torch.empty_like(q), 0.125, 2, fp8_v_staged=True)
 
 
 @interpreted
