@@ -123,25 +123,26 @@ def profile_scheduler(args: argparse.Namespace) -> None:
         folder,
         overlap_schedule=args.overlap,
         page_size=args.page_size,
-        context_length=args.input_len + args.output_len + 64,
+        context_length=args.input_len + args.output_len + 64 + (args.groups and args.prefix_len),
         max_running_requests=args.max_running,
         cuda_graph_max_bs=args.max_running,
         enable_mixed_chunk=args.mixed,
     )
     sched = Scheduler(config, folder, channel=None)
-    gen = torch.Generator().manual_seed(0)
-    for i in range(args.num_prompts):
-        ids = torch.randint(0, hf.vocab_size, (args.input_len,), generator=gen).tolist()
+    all_ids = prompts(args, hf.vocab_size)
+    for i, ids in enumerate(all_ids):
         params = SamplingParams(temperature=0, ignore_eos=True)
         sched.handle(TokenizedGenerateReq(str(i), ids, params, args.output_len))
     steps: list[tuple[str, int, float, float, float]] = []  # mode, batch, ms: sched/launch/results
     prof = cProfile.Profile()
+    trace = KernelTrace(args.trace_steps, int(args.max_running * 0.9))
     t_start = time.perf_counter()
     while sched.has_work():
         if args.cprofile:
             prof.enable()
         t0 = time.perf_counter()
         batch = sched.schedule()
+        trace.before(batch)
         t1 = time.perf_counter()
         step = sched.launch(batch)
         t2 = time.perf_counter()
@@ -152,8 +153,9 @@ def profile_scheduler(args: argparse.Namespace) -> None:
         if batch is not None:
             ms = ((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
             steps.append((batch.mode.name, len(batch.reqs), *ms))
+    trace.report(args.rows)
     total = time.perf_counter() - t_start
-    out_tokens = args.num_prompts * args.output_len
+    out_tokens = len(all_ids) * args.output_len
     print(f"{len(steps)} steps in {total:.2f} s: {out_tokens / total:.0f} output tok/s")
     print("first steps (mode, requests, ms schedule / launch / results):")
     for mode, n, *ms in steps[:24]:
@@ -171,6 +173,66 @@ def profile_scheduler(args: argparse.Namespace) -> None:
         _print_split(big)
     if args.cprofile:
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.rows)
+
+
+def prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
+    """--num-prompts random prompts of --input-len tokens; with --groups G, G x --group-size
+    prompts, each group's sharing a random --prefix-len prefix before its own --input-len."""
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(n: int) -> list[int]:
+        return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+    if not args.groups:
+        return [rand(args.input_len) for _ in range(args.num_prompts)]
+    shared = [rand(args.prefix_len) for _ in range(args.groups)]
+    return [p + rand(args.input_len) for p in shared for _ in range(args.group_size)]
+
+
+class KernelTrace:
+    """torch.profiler over `steps` consecutive decode steps of at least `min_batch` requests (the
+    first ones met), then a table of their kernels by GPU time."""
+
+    def __init__(self, steps: int, min_batch: int) -> None:
+        self.left, self.min_batch, self.traced = steps, min_batch, 0
+        self.prof: torch.profiler.profile | None = None
+
+    def before(self, batch: Batch | None) -> None:
+        """Called before each step is launched."""
+        big = batch is not None and batch.mode == ForwardMode.DECODE
+        big = big and batch is not None and len(batch.reqs) >= self.min_batch
+        if self.left < 0:  # done
+            return
+        if self.prof is None:
+            if big and self.left > 0:
+                acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                self.prof = torch.profiler.profile(activities=acts)
+                self.prof.start()
+            else:
+                return
+        elif self.left == 0 or not big:
+            self._stop()
+            return
+        self.left -= 1
+        self.traced += 1
+
+    def _stop(self) -> None:
+        if self.left >= 0:
+            torch.cuda.synchronize()
+            assert self.prof is not None
+            self.prof.stop()
+        self.left = -1  # done
+
+    def report(self, rows: int) -> None:
+        if self.prof is None:
+            return
+        self._stop()
+        print(f"kernels of {self.traced} decode steps at batch >= {self.min_batch} (with overlap")
+        print("scheduling, the first traced step's GPU work may fall partly outside the trace):")
+        table = self.prof.key_averages().table(
+            sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=70
+        )
+        print(table)
 
 
 def _print_split(rows: list[tuple[str, int, float, float, float]]) -> None:
@@ -206,6 +268,10 @@ def main() -> None:
     ap.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8_e4m3")
     ap.add_argument("--cprofile", action="store_true", help="cProfile the scheduler's host work")
     ap.add_argument("--mixed", action="store_true", help="enable_mixed_chunk (mixed prefill steps)")
+    ap.add_argument("--groups", type=int, default=0, help="scheduler: G groups sharing a prefix")
+    ap.add_argument("--group-size", type=int, default=16, help="scheduler: requests per group")
+    ap.add_argument("--prefix-len", type=int, default=2048, help="scheduler: shared tokens")
+    ap.add_argument("--trace-steps", type=int, default=0, help="scheduler: decode steps to trace")
     args = ap.parse_args()
     if args.what == "runner":
         profile_runner(args)
