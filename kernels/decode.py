@@ -119,8 +119,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     Req_rows,  # [B]
     Seq_lens,  # [B]
     Kv_starts,  # [B] first key of the request's own walk (when HAS_KV_STARTS)
-    Part_o,  # [B, H, S, D] float32: each split's normalised output
-    Part_lse,  # [B, H, S] float32: each split's log2-sum-exp2 of scores
+    Part_o,  # [B, H, S, D] float32: each split's normalised output ([B, H, D] Out when DIRECT)
+    Part_lse,  # [B, H, S] float32: each split's log2-sum-exp2 of scores (unused when DIRECT)
     qk_scale,  # softmax scale * log2(e)
     num_splits,
     stride_qb,
@@ -144,6 +144,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     FP16_DOTS: tl.constexpr,
     HAS_KV_STARTS: tl.constexpr,
     V_STAGED: tl.constexpr,
+    DIRECT: tl.constexpr,  # one split and nothing to merge: write the output itself, no reduce
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -169,9 +170,16 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
             BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
         )  # fmt: skip
         o_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
-        tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
-        lse_ptrs = Part_lse + b * stride_lb + heads * stride_lh + split
-        tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=h_mask)
+        if DIRECT:
+            o = acc / l_i[:, None]
+            tl.store(o_ptrs + offs_d[None, :], o.to(Part_o.dtype.element_ty), mask=hd_mask)
+        else:
+            tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
+            lse_ptrs = Part_lse + b * stride_lb + heads * stride_lh + split
+            tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=h_mask)
+    elif DIRECT:  # seq_len 0 (a padded row of a CUDA graph): zeros, as the reduce gives
+        z_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(z_ptrs, tl.zeros([BLOCK_H, BLOCK_D], Part_o.dtype.element_ty), mask=hd_mask)
 
 
 @triton.jit
@@ -197,11 +205,15 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     PREFIX_BLOCK_N: tl.constexpr,
     HAS_KV_STARTS: tl.constexpr,
+    HEADS: tl.constexpr,  # q heads in all
+    BLOCK_H: tl.constexpr,  # q heads per program
 ):
     """All of a (request, q head)'s partial results merged in one pass (no loop of dependent
-    loads: at batch 1 with 32+ splits a serial merge is latency-bound)."""
+    loads: at batch 1 with 32+ splits a serial merge is latency-bound); BLOCK_H heads per
+    program (NOTE: one head per program left most of each CTA idle: 99 us per layer at batch
+    1024 for ~40 MB moved; BENCHMARKS.md, tenth session)."""
     b = tl.program_id(0)
-    h = tl.program_id(1)
+    h0 = tl.program_id(1) * BLOCK_H
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
     kv_start = 0
     if HAS_KV_STARTS:
@@ -217,14 +229,18 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     offs_d = tl.arange(0, BLOCK_D)
     valid = offs_s < used + used_prefix
     col = tl.where(offs_s < used, offs_s, col0 + offs_s - used)
-    lse = tl.load(Part_lse + b * stride_lb + h * stride_lh + col, mask=valid, other=float("-inf"))
-    m = tl.max(lse, 0)
-    w = tl.where(valid, tl.exp2(lse - m), 0.0)  # [BLOCK_S]; no valid column (padded row): all 0
-    o_ptrs = Part_o + b * stride_ob + h * stride_oh + col[:, None] * stride_os + offs_d[None, :]
-    o = tl.load(o_ptrs, mask=valid[:, None] & (offs_d < D)[None, :], other=0.0)
-    total = tl.sum(w, 0)
-    out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)  # seq_len 0 gives zeros
-    tl.store(Out + b * stride_outb + h * stride_outh + offs_d, out, mask=offs_d < D)
+    for i in tl.static_range(BLOCK_H):
+        h = h0 + i
+        if h < HEADS:
+            lse_ptrs = Part_lse + b * stride_lb + h * stride_lh + col
+            lse = tl.load(lse_ptrs, mask=valid, other=float("-inf"))  # [BLOCK_S]
+            m = tl.max(lse, 0)
+            w = tl.where(valid, tl.exp2(lse - m), 0.0)  # no valid column (padded row): all 0
+            o_ptrs = Part_o + b * stride_ob + h * stride_oh + col[:, None] * stride_os
+            o = tl.load(o_ptrs + offs_d[None, :], mask=valid[:, None] & (offs_d < D)[None, :])
+            total = tl.sum(w, 0)
+            out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)  # seq_len 0: zeros
+            tl.store(Out + b * stride_outb + h * stride_outh + offs_d, out, mask=offs_d < D)
 
 
 def fp16_dots(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
@@ -284,7 +300,8 @@ def decode_attention(
     `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
     S' >= num_kv_splits + shared.num_splits) so CUDA-graph replays reuse one buffer. No host sync:
     lengths stay on the device, grids depend only on shapes, and splits past a walk's length are
-    skipped by both stages.
+    skipped by both stages. With one split and nothing shared there is nothing to merge: the split
+    kernel writes `out` itself and `partials` is not used.
     """
     if (kv_starts is None) != (shared is None):
         raise ValueError("decode_attention: kv_starts and shared go together (both or neither)")
@@ -318,7 +335,10 @@ def decode_attention(
     if bsz == 0:
         return out
     width = num_kv_splits + prefix_splits
-    if partials is None:
+    direct = width == 1  # one split, nothing shared: the split kernel writes `out`
+    if direct:
+        part_o, part_lse = out, out  # NOTE: part_lse is not read when DIRECT
+    elif partials is None:
         part_o = torch.empty(bsz, heads, width, dim, dtype=torch.float32, device=dev)
         part_lse = torch.empty(bsz, heads, width, dtype=torch.float32, device=dev)
     else:
@@ -336,10 +356,11 @@ def decode_attention(
         scale * LOG2E, num_kv_splits,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
-        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+        part_o.stride(0), part_o.stride(1), 0 if direct else part_o.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
         G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32", FP16_DOTS=fp16_dots(q, k_buffer),
-        HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged,
+        HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged, DIRECT=direct,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
     if shared is not None:
@@ -347,13 +368,16 @@ def decode_attention(
 
         shared_prefix_splits(q, k_buffer, v_buffer, req_to_token, shared, (part_o, part_lse),
                              scale, num_kv_splits, prefix_block_n)  # fmt: skip
-    _decode_reduce_kernel[(bsz, heads)](
+    if direct:
+        return out
+    block_h = min(8, heads)
+    _decode_reduce_kernel[(bsz, triton.cdiv(heads, block_h))](
         part_o, part_lse, seq_lens, starts, out, num_kv_splits, max(prefix_splits, 1),
         num_kv_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
         D=dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_kv_splits + prefix_splits),
         BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, HAS_KV_STARTS=kv_starts is not None,
-        num_warps=4 if width * block_d <= 4096 else 8,
+        HEADS=heads, BLOCK_H=block_h, num_warps=4 if width * block_d <= 4096 else 8,
     )  # fmt: skip
     return out
