@@ -1,6 +1,7 @@
 """Kernel timings on CUDA: weft.kernels against the device-to-device copy ceiling of the same run.
 
-    python benchmarks/kernels.py [--quick | --decode-only | --shared-only | --small-decode]
+    python benchmarks/kernels.py [--quick | --decode-only | --shared-only | --small-decode |
+                                  --extend-only [--quick]]
 
 Medians of CUDA-event timings after warm-up (triton.testing.do_bench, L2 flushed between runs), on
 random data. GB/s counts the fewest bytes each kernel must move (every input read once, every
@@ -298,33 +299,80 @@ def bench_shared_prefix(ceiling: float) -> None:
               f"{ideal * 1e3:.1f} us | best: {best}")  # fmt: skip
 
 
+def extend_setup(
+    bsz: int, prefix: int, ext: int, kv_dtype: torch.dtype = torch.bfloat16, share: int = 1
+) -> tuple:
+    """extend_attention's positional arguments for bsz requests of `prefix` cached + `ext` new
+    tokens, 32 q / 8 kv heads, d=128, page 16, bf16 queries; every `share` requests read their
+    first one's prefix slots, as requests under one radix-cache prefix do."""
+    k_buffer, v_buffer, table, rows = random_pool([prefix + ext] * bsz, 16, 8, 128, torch.bfloat16)
+    if share > 1:
+        leaders = rows[::share].repeat_interleave(share)[:bsz]
+        table[rows, :prefix] = table[leaders, :prefix]
+    k_buffer, v_buffer = k_buffer.to(kv_dtype), v_buffer.to(kv_dtype)
+    tokens = bsz * ext
+    q = torch.randn(tokens, 32, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(tokens, 8, 128, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn_like(k)
+    lens = torch.full((bsz,), ext, dtype=torch.int64, device="cuda")
+    pre = torch.full((bsz,), prefix, dtype=torch.int64, device="cuda")
+    start = torch.cumsum(lens, 0) - lens
+    out = torch.empty_like(q)
+    return (q, k, v, k_buffer, v_buffer, table, rows, pre, lens, start, out, 128**-0.5, ext)
+
+
 def bench_extend(quick: bool) -> None:
+    """Packed (a kv head's 4 q heads in one program, each K/V tile loaded once for them) against
+    one program per q head, at their default launches, then (unless quick) a sweep of each."""
     from weft.kernels import extend_attention
 
-    print("\nextend attention, 32 q / 8 kv heads, d=128, page 16, bf16: TFLOP/s (causal FLOPs)")
-    for prefix, ext, bsz in [(0, 2048, 8), (1024, 1024, 8)]:
-        k_buffer, v_buffer, table, rows = random_pool(
-            [prefix + ext] * bsz, 16, 8, 128, torch.bfloat16
-        )
-        tokens = bsz * ext
-        q = torch.randn(tokens, 32, 128, dtype=torch.bfloat16, device="cuda")
-        k = torch.randn(tokens, 8, 128, dtype=torch.bfloat16, device="cuda")
-        v = torch.randn_like(k)
-        out = torch.empty_like(q)
-        lens = torch.full((bsz,), ext, dtype=torch.int64, device="cuda")
-        pre = torch.full((bsz,), prefix, dtype=torch.int64, device="cuda")
-        start = torch.cumsum(lens, 0) - lens
-        pool = (k_buffer, v_buffer, table, rows, pre, lens, start)
-        keys_seen = bsz * (ext * prefix + ext * (ext + 1) // 2)  # (query, key) pairs
-        flops = 4 * 128 * 32 * keys_seen
-        configs = (
-            [(64, 64, None)] if quick else [(64, 64, 4), (64, 64, 8), (128, 64, 8), (128, 32, 8)]
-        )
-        for bm, bn, warps in configs:
-            run = partial(extend_attention, q, k, v, *pool, out, 128**-0.5, ext)
-            ms = time_ms(partial(run, block_m=bm, block_n=bn, num_warps=warps))
-            print(f"  {bsz} x ({prefix} cached + {ext} new) block {bm}x{bn} warps {warps}: "
-                  f"{ms * 1e3:8.1f} us  {flops / ms / 1e9:6.1f} TFLOP/s")  # fmt: skip
+    print("\nextend attention, 32 q / 8 kv heads, d=128, page 16, bf16 q: TFLOP/s (causal FLOPs)")
+    shapes = [  # batch, cached prefix, new tokens, pool dtype, requests per shared prefix
+        (8, 0, 2048, torch.bfloat16, 1),
+        (8, 1024, 1024, torch.bfloat16, 1),
+        (64, 2048, 128, torch.bfloat16, 1),
+        (64, 2048, 128, torch.bfloat16, 16),
+        (64, 2048, 128, torch.float8_e4m3fn, 1),
+        (64, 2048, 128, torch.float8_e4m3fn, 16),
+    ]
+    sweep = [  # (pack_gqa, block_m, block_n, num_warps); block_m counts rows (token x head packed)
+        (pack, bm, bn, w)
+        for pack in (False, True)
+        for bm, bn, w in ((64, 64, 4), (64, 64, 8), (128, 32, 8), (128, 64, 8), (128, 128, 8))
+    ]
+    for bsz, prefix, ext, kv_dtype, share in shapes:
+        args = extend_setup(bsz, prefix, ext, kv_dtype, share)
+        pairs = bsz * (ext * prefix + ext * (ext + 1) // 2)  # (query, key) pairs
+        flops = 4 * 128 * 32 * pairs
+        pool = "fp8" if kv_dtype == torch.float8_e4m3fn else "bf16"
+        shared = f", shared by {share}," if share > 1 else ""
+        label = f"{bsz} x ({prefix} cached{shared} + {ext} new), {pool} pool"
+        cells, outs = [], []
+        for pack in (False, True):
+            ms = time_ms(partial(extend_attention, *args, pack_gqa=pack))
+            outs.append(args[10].clone())
+            cells.append((ms, f"{'packed' if pack else 'unpacked'} {ms * 1e3:8.1f} us "
+                              f"{flops / ms / 1e9:6.1f} TFLOP/s"))  # fmt: skip
+        diff = (outs[0].float() - outs[1].float()).abs().max().item()
+        print(f"  {label}: {cells[0][1]} | {cells[1][1]} | packed {cells[0][0] / cells[1][0]:.2f}x"
+              f" as fast (max |packed - unpacked| {diff:.1e})")  # fmt: skip
+        if quick:
+            continue
+        results = []
+        for pack, bm, bn, w in sweep:
+            run = partial(
+                extend_attention, *args, block_m=bm, block_n=bn, num_warps=w, pack_gqa=pack
+            )
+            try:
+                results.append((time_ms(run), pack, bm, bn, w))
+            except Exception as e:  # noqa: BLE001 - out of shared memory etc.
+                print(f"    {'packed' if pack else 'unpacked'} {bm}x{bn} w{w}: {type(e).__name__}")
+        for pack in (False, True):
+            best = ", ".join(
+                f"{flops / ms / 1e9:.0f} ({bm}x{bn} w{w})"
+                for ms, p, bm, bn, w in sorted(results) if p == pack
+            )  # fmt: skip
+            print(f"    {'packed' if pack else 'unpacked':>8} TFLOP/s by launch: {best}")
 
 
 def bench_elementwise(ceiling: float) -> None:
@@ -399,6 +447,9 @@ def main() -> None:
     parser.add_argument(
         "--small-decode", action="store_true", help="only small decode batches in CUDA graphs"
     )
+    parser.add_argument(
+        "--extend-only", action="store_true", help="only extend attention, packed vs unpacked"
+    )
     args = parser.parse_args()
     assert torch.cuda.is_available(), "benchmarks/kernels.py needs CUDA"
     torch.manual_seed(0)
@@ -419,6 +470,9 @@ def main() -> None:
         return
     if args.small_decode:
         bench_decode_small(ceiling)
+        return
+    if args.extend_only:
+        bench_extend(args.quick)
         return
     if args.decode_only:
         bench_decode_tune(ceiling)

@@ -1,5 +1,5 @@
 """Extend (prefill) attention: new tokens attend to their cached prefix in the pool, then causally to
-each other; ragged batches, any page size, GQA."""
+each other; ragged batches, any page size, GQA (packed: a kv head's q heads in one program)."""
 
 from __future__ import annotations
 
@@ -39,34 +39,43 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
     stride_ot,
     stride_oh,
     G: tl.constexpr,  # q heads per kv head
+    PACK: tl.constexpr,  # q heads per program: G (GQA-packed, one kv head's) or 1
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # query rows per program: BLOCK_M // PACK new tokens x PACK heads
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FP16_DOTS: tl.constexpr,  # an fp8 pool under a 16-bit q: the prefix's dots in float16
     V_STAGED: tl.constexpr,  # the prefix's V tiles converted where loaded (decode.py's `_attend`)
 ):
-    # One program: BLOCK_M new queries of request b, q head h.
+    # One program: q heads hp*PACK .. hp*PACK+PACK-1 (kv head kvh's when packed) over
+    # BLOCK_T = BLOCK_M // PACK new tokens of request b; each K/V tile is loaded once for them all.
     #
+    #   query row r:  new token m_blk*BLOCK_T + r // PACK,  q head hp*PACK + r % PACK
     #   keys of request b:  [ prefix (pool, via req_to_token) | new 0 .. ext-1 (K/V) ]
-    #   query i (i < ext):    sees all prefix keys              sees new keys 0..i
+    #   new token i (i < ext):   sees all prefix keys              sees new keys 0..i
     b = tl.program_id(0)
-    h = tl.program_id(1)
+    hp = tl.program_id(1)
     m_blk = tl.program_id(2)
+    BLOCK_T: tl.constexpr = BLOCK_M // PACK
     ext_len = tl.load(Extend_lens + b).to(tl.int32)
-    if m_blk * BLOCK_M < ext_len:
-        kvh = h // G
+    if m_blk * BLOCK_T < ext_len:
+        kvh = hp * PACK // G
         row = tl.load(Req_rows + b).to(tl.int64)
         prefix = tl.load(Prefix_lens + b).to(tl.int32)
         first = tl.load(Extend_start + b).to(tl.int64)
-        offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] index among the new tokens
+        offs_r = tl.arange(0, BLOCK_M)
+        tok = m_blk * BLOCK_T + offs_r // PACK  # [M] index among the new tokens
+        head = hp * PACK + offs_r % PACK  # [M] q head
+        # NOTE: a G that is no power of 2 leaves BLOCK_M % G rows of no token at the end
+        r_mask = (tok < ext_len) & (offs_r < BLOCK_T * PACK)
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
-        m_mask = offs_m < ext_len
         d_mask = offs_d < D
-        q_ptrs = Q + (first + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # [M, BLOCK_D]
+        rd_mask = r_mask[:, None] & d_mask[None, :]
+        t_rows = first + tok  # [M] each query's row in Q and Out
+        q_ptrs = Q + t_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=rd_mask, other=0.0)  # [M, BLOCK_D]
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -97,8 +106,9 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m_i = m_new
 
-        # stage 2: the new tokens themselves, causal; blocks past this query block are skipped
-        end = tl.minimum(ext_len, (m_blk + 1) * BLOCK_M)
+        # stage 2: the new tokens themselves, causal by each row's token; blocks past this
+        # program's tokens are skipped
+        end = tl.minimum(ext_len, (m_blk + 1) * BLOCK_T)
         for n0 in range(0, end, BLOCK_N):
             n = n0 + offs_n
             n_mask = n < end
@@ -106,7 +116,7 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
             k_ptrs = K + (first + n)[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
             k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-            s = tl.where(n_mask[None, :] & (n[None, :] <= offs_m[:, None]), s, float("-inf"))
+            s = tl.where(n_mask[None, :] & (n[None, :] <= tok[:, None]), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
@@ -116,8 +126,8 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m_i = m_new
 
-        o_ptrs = Out + (first + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
-        tl.store(o_ptrs, acc / l_i[:, None], mask=m_mask[:, None] & d_mask[None, :])
+        o_ptrs = Out + t_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, acc / l_i[:, None], mask=rd_mask)
 
 
 def extend_attention(
@@ -137,6 +147,7 @@ def extend_attention(
     block_m: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
+    pack_gqa: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens over prefix + new tokens; returns `out`.
 
@@ -145,7 +156,9 @@ def extend_attention(
     prefix + i) sees the whole prefix and new tokens 0..i. q head h reads kv head h // (H / Hkv).
 
     `max_extend_len` (>= every extend_lens[b]) sizes the grid; pass it from the CPU copy to avoid a
-    device sync.
+    device sync. `pack_gqa`: one program serves all H / Hkv q heads of a kv head, so each K/V tile
+    is loaded once for them (None: when H > Hkv and they fit a block). `block_m` counts query
+    rows: new tokens unpacked, (token, head) pairs packed.
     """
     tokens, heads, dim = q.shape
     bsz = req_rows.shape[0]
@@ -163,25 +176,36 @@ def extend_attention(
         check_tensor(t, name, (bsz,), INDEX_DTYPES, dev)
     check_tensor(out, "out", (tokens, heads, dim), (q.dtype,), dev)
     assert heads % num_kv_heads == 0, f"{heads} q heads do not group over {num_kv_heads} kv heads"
+    group = heads // num_kv_heads
     fp32 = q.dtype == torch.float32
-    # NOTE: float32 tiles are smaller: the fp32 (FMA) dot spills at 32x32 and up on sm_90 (ptxas)
-    block_m, block_n = block_m or (32 if fp32 else 64), block_n or (16 if fp32 else 64)
+    # NOTE: float32 tiles are smaller: the fp32 (FMA) dot spills at 32x32 and up on sm_90 (ptxas),
+    # and at 32x16 x d 128 under 4 warps (Triton 3.9). Packed, a 16-bit tile is 128 rows (32 tokens
+    # x 4 heads) x 64 keys under 8 warps: no spills, 96 KB shared, 230 registers (sm_90), so one
+    # program per SM (two would need <= 128 registers: it spills there).
+    packed_m = block_m or (32 if fp32 else 128 if dim <= 128 else 64)
+    if pack_gqa is None:
+        pack_gqa = 1 < group <= packed_m
+    block_m = packed_m if pack_gqa else block_m or (32 if fp32 else 64)
+    block_n = block_n or (16 if fp32 else 64)
     assert block_m >= 16 and block_n >= 16, (block_m, block_n)
+    pack = group if pack_gqa else 1
+    assert block_m >= pack, f"block_m {block_m} < {group} q heads per kv head: it cannot pack them"
     if max_extend_len is None:
         max_extend_len = int(extend_lens.max()) if bsz else 0
     if bsz == 0 or tokens == 0 or max_extend_len == 0:
         return out
 
-    grid = (bsz, heads, triton.cdiv(max_extend_len, block_m))
+    grid = (bsz, heads // pack, triton.cdiv(max_extend_len, block_m // pack))
     _extend_kernel[grid](
         q, k, v, k_buffer, v_buffer, req_to_token, req_rows, prefix_lens, extend_lens,
         extend_start_loc, out, scale * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         req_to_token.stride(0), out.stride(0), out.stride(1),
-        G=heads // num_kv_heads, D=dim, BLOCK_D=triton.next_power_of_2(dim), BLOCK_M=block_m,
+        G=group, PACK=pack, D=dim, BLOCK_D=triton.next_power_of_2(dim), BLOCK_M=block_m,
         BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
         FP16_DOTS=fp16_dots(q, k_buffer), V_STAGED=fp8_v_staging(q, k_buffer),
-        num_warps=num_warps or (8 if block_m * dim >= 128 * 128 else 4), num_stages=2,
+        num_warps=num_warps or (8 if block_m * dim >= (32 if fp32 else 128) * 128 else 4),
+        num_stages=2,
     )  # fmt: skip
     return out

@@ -137,10 +137,12 @@ def test_decode_and_extend_attention_read_an_fp8_pool() -> None:
     k, v = (torch.randn(tokens, 8, 128, dtype=torch.bfloat16, device=DEV) for _ in range(2))
     ext_t = torch.tensor(ext, device=DEV)
     lens_args = (torch.tensor(prefix, device=DEV), ext_t, torch.cumsum(ext_t, 0) - ext_t)
-    out = torch.full_like(q, float("nan"))
     ext_args = (q, k, v, k_buffer, v_buffer, table, rows, *lens_args)
-    wk.extend_attention(*ext_args, out, 128**-0.5, max(ext))
-    assert_close(out, ref.extend_attention_ref(*ext_args, 128**-0.5), TOL[torch.bfloat16])
+    expected = ref.extend_attention_ref(*ext_args, 128**-0.5)
+    for pack_gqa in (True, False):  # V staged (the CUDA default), packed or per q head
+        out = torch.full_like(q, float("nan"))
+        wk.extend_attention(*ext_args, out, 128**-0.5, max(ext), pack_gqa=pack_gqa)
+        assert_close(out, expected, TOL[torch.bfloat16])
 
 
 @pytest.mark.parametrize("staged", [True, False])
@@ -165,16 +167,22 @@ def test_fp8_decode_with_v_staged_or_sunk(
 
 
 EXTEND_CASES = [
-    # batch, heads, kv heads, head dim, page size, max prefix, max extend, dtype
-    (8, 32, 8, 128, 16, 1500, 1024, torch.bfloat16),
-    (6, 32, 32, 128, 1, 700, 600, torch.bfloat16),
-    (5, 64, 8, 64, 16, 0, 2048, torch.bfloat16),
-    (16, 32, 8, 128, 16, 2000, 1, torch.bfloat16),
-    (4, 32, 8, 128, 16, 300, 300, torch.float32),
+    # batch, heads, kv heads, head dim, page size, max prefix, max extend, dtype, pack_gqa
+    (8, 32, 8, 128, 16, 1500, 1024, torch.bfloat16, None),
+    (8, 32, 8, 128, 16, 1500, 1024, torch.bfloat16, False),
+    (6, 32, 32, 128, 1, 700, 600, torch.bfloat16, None),
+    (5, 64, 8, 64, 16, 0, 2048, torch.bfloat16, None),
+    (16, 32, 8, 128, 16, 2000, 1, torch.bfloat16, None),
+    (24, 32, 8, 128, 16, 2048, 128, torch.bfloat16, None),  # prefix sharing's extend
+    (7, 28, 4, 128, 16, 900, 300, torch.float16, None),  # G = 7: 18 tokens x 7 + 2 rows
+    (4, 32, 8, 128, 16, 300, 300, torch.float32, None),
+    (4, 32, 8, 128, 16, 300, 300, torch.float32, False),
 ]
 
 
-@pytest.mark.parametrize("bsz, heads, hkv, dim, page, max_prefix, max_ext, dtype", EXTEND_CASES)
+@pytest.mark.parametrize(
+    "bsz, heads, hkv, dim, page, max_prefix, max_ext, dtype, pack_gqa", EXTEND_CASES
+)
 def test_extend_attention(
     bsz: int,
     heads: int,
@@ -184,6 +192,7 @@ def test_extend_attention(
     max_prefix: int,
     max_ext: int,
     dtype: torch.dtype,
+    pack_gqa: bool | None,
 ) -> None:
     prefix = ragged(bsz, 0, max_prefix)
     ext = ragged(bsz, 1, max_ext)
@@ -197,7 +206,7 @@ def test_extend_attention(
     meta = (rows, torch.tensor(prefix, device=DEV), ext_t, torch.cumsum(ext_t, 0) - ext_t)
     out = torch.full_like(q, float("nan"))
     args = (q, k, v, k_buffer, v_buffer, table, *meta)
-    wk.extend_attention(*args, out, dim**-0.5, max(ext))
+    wk.extend_attention(*args, out, dim**-0.5, max(ext), pack_gqa=pack_gqa)
     assert_close(out, ref.extend_attention_ref(*args, dim**-0.5), TOL[dtype])
 
 

@@ -206,6 +206,8 @@ DECODE_CASES = [
     (8, 2, 64, 1, 8, torch.float16, [9, 50], 16),
     (4, 4, 128, 16, 2, torch.float32, [130, 3], None),  # default block size
     (8, 2, 64, 16, 32, torch.float16, [300, 5, 64], 16),  # a wide reduce, most splits unused
+    (12, 2, 64, 16, 2, torch.float32, [40, 7], 16),  # the reduce's last head block is partial
+    (12, 4, 64, 1, 1, torch.float16, [33, 2], 16),  # one split: written without a reduce
 ]
 
 
@@ -231,10 +233,11 @@ def test_decode_attention(
     assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
 
 
+@pytest.mark.parametrize("splits", [1, 4])
 @interpreted
-def test_decode_attention_workspace_padded_rows_int32() -> None:
+def test_decode_attention_workspace_padded_rows_int32(splits: int) -> None:
     """A larger poisoned workspace is accepted; a row of seq_len 0 (graph padding) gives zeros;
-    int32 index tensors work as int64 ones do."""
+    int32 index tensors work as int64 ones do. (One split: the kernel writes `out` itself.)"""
     lens = [0, 21, 0, 6]
     pool = make_pool([max(n, 1) for n in lens], lens, 16, 2, 64, torch.float32)
     q = torch.randn(4, 8, 64)
@@ -242,7 +245,7 @@ def test_decode_attention_workspace_padded_rows_int32() -> None:
     partials = (torch.full((6, 8, 5, 64), NAN), torch.full((6, 8, 5), NAN))
     out = torch.full((4, 8, 64), NAN)
     args = (pool.k_buffer, pool.v_buffer, table, rows, seq_lens)
-    wk.decode_attention(q, *args, out, 0.1, 4, partials=partials, block_n=16)
+    wk.decode_attention(q, *args, out, 0.1, splits, partials=partials, block_n=16)
     assert torch.equal(out[[0, 2]], torch.zeros(2, 8, 64))
     live = torch.tensor([1, 3])
     pool_args = (pool.k_buffer, pool.v_buffer, table, rows[live], seq_lens[live])
@@ -256,9 +259,12 @@ EXTEND_CASES = [
     (8, 1, 64, 16, torch.float32, [100, 3, 0], [1, 1, 2], 16, 16),
     (8, 2, 64, 1, torch.float32, [7, 33, 5], [40, 3, 0], 32, 16),
     (4, 1, 128, 16, torch.float16, [70], [70], None, None),  # default block sizes
+    (8, 1, 64, 16, torch.float16, [0, 21, 16, 40], [0, 1, 33, 18], 32, 16),
+    (6, 2, 64, 16, torch.float32, [9, 0, 20], [13, 5, 1], 16, 16),  # G = 3: 5 tokens x 3 + 1 row
 ]
 
 
+@pytest.mark.parametrize("pack_gqa", [True, False])
 @pytest.mark.parametrize(
     "heads, hkv, dim, page, dtype, prefix, ext, block_m, block_n", EXTEND_CASES
 )
@@ -273,7 +279,10 @@ def test_extend_attention(
     ext: list[int],
     block_m: int | None,
     block_n: int | None,
+    pack_gqa: bool,
 ) -> None:
+    """Packed (a kv head's q heads in one program, rows = token x head) and one program per q
+    head; G = 1 packed is one head per program."""
     # the new tokens' pool slots stay NaN: their K/V must come from k/v, not the pool
     lens = [max(p + e, 1) for p, e in zip(prefix, ext, strict=True)]
     pool = make_pool(lens, prefix, page, hkv, dim, dtype)
@@ -285,8 +294,29 @@ def test_extend_attention(
     lens_args = (torch.tensor(prefix), ext_t, torch.cumsum(ext_t, 0) - ext_t)
     out = torch.full((tokens, heads, dim), NAN, dtype=dtype)
     args = (q, k, v, pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, *lens_args)
-    wk.extend_attention(*args, out, dim**-0.5, max(ext), block_m=block_m, block_n=block_n)
+    launch = {"block_m": block_m, "block_n": block_n, "pack_gqa": pack_gqa}
+    wk.extend_attention(*args, out, dim**-0.5, max(ext), **launch)
     assert_close(out, ref.extend_attention_ref(*args, dim**-0.5), TOL[dtype])
+
+
+@interpreted
+def test_extend_attention_packs_heads_only_where_they_fit() -> None:
+    """32 q heads on one kv head: 16-row blocks run one program per q head (pack_gqa=True is
+    refused there); 32-row blocks pack them, one new token per program."""
+    prefix, ext = [5, 17, 0], [2, 0, 3]
+    lens = [p + e for p, e in zip(prefix, ext, strict=True)]
+    pool = make_pool(lens, prefix, 16, 1, 32, torch.float32)
+    q, k, v = (torch.randn(5, h, 32) for h in (32, 1, 1))
+    ext_t = torch.tensor(ext)
+    lens_args = (torch.tensor(prefix), ext_t, torch.cumsum(ext_t, 0) - ext_t)
+    args = (q, k, v, pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, *lens_args)
+    expected = ref.extend_attention_ref(*args, 0.2)
+    for block_m in (16, 32):
+        out = torch.full_like(q, NAN)
+        wk.extend_attention(*args, out, 0.2, max(ext), block_m=block_m, block_n=16)
+        assert_close(out, expected, 1e-5)
+    with pytest.raises(AssertionError, match="cannot pack"):
+        wk.extend_attention(*args, out, 0.2, 3, block_m=16, pack_gqa=True)
 
 
 @pytest.mark.parametrize(
@@ -336,10 +366,13 @@ def test_attention_reads_an_fp8_pool(q_dtype: torch.dtype) -> None:
     q, k, v = (torch.randn(tokens, h, 64).to(q_dtype) for h in (8, 2, 2))
     ext_t = torch.tensor(ext)
     lens_args = (torch.tensor(prefix), ext_t, torch.cumsum(ext_t, 0) - ext_t)
-    out = torch.full((tokens, 8, 64), NAN, dtype=q_dtype)
     ext_args = (q, k, v, pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows)
-    wk.extend_attention(*ext_args, *lens_args, out, 0.125, max(ext), block_m=16, block_n=16)
-    assert_close(out, ref.extend_attention_ref(*ext_args, *lens_args, 0.125), TOL[q_dtype])
+    expected = ref.extend_attention_ref(*ext_args, *lens_args, 0.125)
+    for pack_gqa in (True, False):
+        out = torch.full((tokens, 8, 64), NAN, dtype=q_dtype)
+        launch = {"block_m": 16, "block_n": 16, "pack_gqa": pack_gqa}
+        wk.extend_attention(*ext_args, *lens_args, out, 0.125, max(ext), **launch)
+        assert_close(out, expected, TOL[q_dtype])
 
 
 @interpreted
