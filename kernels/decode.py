@@ -119,10 +119,13 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     Req_rows,  # [B]
     Seq_lens,  # [B]
     Kv_starts,  # [B] first key of the request's own walk (when HAS_KV_STARTS)
-    Part_o,  # [B, H, S, D] float32: each split's normalised output ([B, H, D] Out when DIRECT)
-    Part_lse,  # [B, H, S] float32: each split's log2-sum-exp2 of scores (unused when DIRECT)
+    Part_o,  # [B, H, S, D] float32: each split's normalised output
+    Part_lse,  # [B, H, S] float32: each split's log2-sum-exp2 of scores
+    Out,  # [B, H, D] (when DIRECT)
     qk_scale,  # softmax scale * log2(e)
     num_splits,
+    num_prefix_splits,  # columns col0.. hold the shared prefix's splits (DIRECT, HAS_KV_STARTS)
+    col0,
     stride_qb,
     stride_qh,
     stride_kt,
@@ -135,16 +138,19 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     stride_os,
     stride_lb,
     stride_lh,
+    stride_outb,
+    stride_outh,
     G: tl.constexpr,  # q heads per kv head
     D: tl.constexpr,
     BLOCK_H: tl.constexpr,  # >= G, >= 16 so tl.dot has a legal shape
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PREFIX_BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FP16_DOTS: tl.constexpr,
     HAS_KV_STARTS: tl.constexpr,
     V_STAGED: tl.constexpr,
-    DIRECT: tl.constexpr,  # one split and nothing to merge: write the output itself, no reduce
+    DIRECT: tl.constexpr,  # one split: merge the prefix's columns (if any) here and write Out
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -161,6 +167,9 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     h_mask = offs_h < G
     hd_mask = h_mask[:, None] & (offs_d < D)[None, :]
     heads = kvh * G + offs_h  # [BLOCK_H] the q heads served by this kv head
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
     if end > start:
         q_ptrs = Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
         q = tl.load(q_ptrs, mask=hd_mask, other=0.0)  # [BLOCK_H, BLOCK_D]
@@ -169,17 +178,34 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
             kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
             BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
         )  # fmt: skip
-        o_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
-        if DIRECT:
-            o = acc / l_i[:, None]
-            tl.store(o_ptrs + offs_d[None, :], o.to(Part_o.dtype.element_ty), mask=hd_mask)
-        else:
+        if not DIRECT:
+            o_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
             tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
             lse_ptrs = Part_lse + b * stride_lb + heads * stride_lh + split
             tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=h_mask)
-    elif DIRECT:  # seq_len 0 (a padded row of a CUDA graph): zeros, as the reduce gives
-        z_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-        tl.store(z_ptrs, tl.zeros([BLOCK_H, BLOCK_D], Part_o.dtype.element_ty), mask=hd_mask)
+    if DIRECT:
+        if HAS_KV_STARTS:
+            # the prefix kernel ran first: fold its used columns into (acc, m_i, l_i); a column
+            # is a normalised output o_p with log2-sum-exp2 lse_p, i.e. acc o_p, max lse_p, sum 1
+            _, _, prefix_split_len = _split_range(kv_start, num_prefix_splits, 0, PREFIX_BLOCK_N)
+            used_prefix = tl.cdiv(kv_start, tl.maximum(prefix_split_len, 1))
+            for p in range(0, used_prefix):
+                lse_p = tl.load(
+                    Part_lse + b * stride_lb + heads * stride_lh + col0 + p,
+                    mask=h_mask,
+                    other=0.0,
+                )  # [BLOCK_H]
+                o_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh
+                o_p = tl.load(o_ptrs + (col0 + p) * stride_os + offs_d[None, :], mask=hd_mask)
+                m_new = tl.maximum(m_i, lse_p)
+                alpha = tl.exp2(m_i - m_new)
+                w = tl.exp2(lse_p - m_new)
+                acc = acc * alpha[:, None] + w[:, None] * o_p
+                l_i = l_i * alpha + w
+                m_i = m_new
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # seq_len 0 (graph padding): zeros
+        out_ptrs = Out + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :]
+        tl.store(out_ptrs, o.to(Out.dtype.element_ty), mask=hd_mask)
 
 
 @triton.jit
@@ -205,15 +231,11 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     PREFIX_BLOCK_N: tl.constexpr,
     HAS_KV_STARTS: tl.constexpr,
-    HEADS: tl.constexpr,  # q heads in all
-    BLOCK_H: tl.constexpr,  # q heads per program
 ):
     """All of a (request, q head)'s partial results merged in one pass (no loop of dependent
-    loads: at batch 1 with 32+ splits a serial merge is latency-bound); BLOCK_H heads per
-    program (NOTE: one head per program left most of each CTA idle: 99 us per layer at batch
-    1024 for ~40 MB moved; BENCHMARKS.md, tenth session)."""
+    loads: at batch 1 with 32+ splits a serial merge is latency-bound)."""
     b = tl.program_id(0)
-    h0 = tl.program_id(1) * BLOCK_H
+    h = tl.program_id(1)
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
     kv_start = 0
     if HAS_KV_STARTS:
@@ -229,18 +251,14 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     offs_d = tl.arange(0, BLOCK_D)
     valid = offs_s < used + used_prefix
     col = tl.where(offs_s < used, offs_s, col0 + offs_s - used)
-    for i in tl.static_range(BLOCK_H):
-        h = h0 + i
-        if h < HEADS:
-            lse_ptrs = Part_lse + b * stride_lb + h * stride_lh + col
-            lse = tl.load(lse_ptrs, mask=valid, other=float("-inf"))  # [BLOCK_S]
-            m = tl.max(lse, 0)
-            w = tl.where(valid, tl.exp2(lse - m), 0.0)  # no valid column (padded row): all 0
-            o_ptrs = Part_o + b * stride_ob + h * stride_oh + col[:, None] * stride_os
-            o = tl.load(o_ptrs + offs_d[None, :], mask=valid[:, None] & (offs_d < D)[None, :])
-            total = tl.sum(w, 0)
-            out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)  # seq_len 0: zeros
-            tl.store(Out + b * stride_outb + h * stride_outh + offs_d, out, mask=offs_d < D)
+    lse = tl.load(Part_lse + b * stride_lb + h * stride_lh + col, mask=valid, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.where(valid, tl.exp2(lse - m), 0.0)  # [BLOCK_S]; no valid column (padded row): all 0
+    o_ptrs = Part_o + b * stride_ob + h * stride_oh + col[:, None] * stride_os + offs_d[None, :]
+    o = tl.load(o_ptrs, mask=valid[:, None] & (offs_d < D)[None, :], other=0.0)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)  # seq_len 0 gives zeros
+    tl.store(Out + b * stride_outb + h * stride_outh + offs_d, out, mask=offs_d < D)
 
 
 def fp16_dots(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
@@ -300,8 +318,8 @@ def decode_attention(
     `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
     S' >= num_kv_splits + shared.num_splits) so CUDA-graph replays reuse one buffer. No host sync:
     lengths stay on the device, grids depend only on shapes, and splits past a walk's length are
-    skipped by both stages. With one split and nothing shared there is nothing to merge: the split
-    kernel writes `out` itself and `partials` is not used.
+    skipped by both stages. With one split there is no reduce: the split kernel merges the shared
+    prefix's columns (if any) and writes `out` itself; without `shared`, `partials` is not used.
     """
     if (kv_starts is None) != (shared is None):
         raise ValueError("decode_attention: kv_starts and shared go together (both or neither)")
@@ -335,9 +353,10 @@ def decode_attention(
     if bsz == 0:
         return out
     width = num_kv_splits + prefix_splits
-    direct = width == 1  # one split, nothing shared: the split kernel writes `out`
-    if direct:
-        part_o, part_lse = out, out  # NOTE: part_lse is not read when DIRECT
+    # one split: the split kernel writes `out`, after merging the prefix kernel's columns if any
+    direct = num_kv_splits == 1
+    if direct and shared is None:
+        part_o, part_lse = out, out  # NOTE: not read: nothing to merge
     elif partials is None:
         part_o = torch.empty(bsz, heads, width, dim, dtype=torch.float32, device=dev)
         part_lse = torch.empty(bsz, heads, width, dtype=torch.float32, device=dev)
@@ -351,33 +370,33 @@ def decode_attention(
     group = heads // num_kv_heads
     block_d = triton.next_power_of_2(dim)
     starts = seq_lens if kv_starts is None else kv_starts  # not read without kv_starts
-    _decode_split_kernel[(bsz, num_kv_heads, num_kv_splits)](
-        q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, starts, part_o, part_lse,
-        scale * LOG2E, num_kv_splits,
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
-        v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
-        part_o.stride(0), part_o.stride(1), 0 if direct else part_o.stride(2),
-        part_lse.stride(0), part_lse.stride(1),
-        G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
-        BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32", FP16_DOTS=fp16_dots(q, k_buffer),
-        HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged, DIRECT=direct,
-        num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
-    )  # fmt: skip
-    if shared is not None:
+    if shared is not None:  # NOTE: first, so that a direct split kernel can merge its columns
         from .shared_prefix import shared_prefix_splits  # NOTE: it imports this module
 
         shared_prefix_splits(q, k_buffer, v_buffer, req_to_token, shared, (part_o, part_lse),
                              scale, num_kv_splits, prefix_block_n)  # fmt: skip
+    _decode_split_kernel[(bsz, num_kv_heads, num_kv_splits)](
+        q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, starts, part_o, part_lse, out,
+        scale * LOG2E, num_kv_splits, max(prefix_splits, 1), num_kv_splits,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2) if part_o.dim() == 4 else 0,
+        part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+        G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
+        BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
+        FP16_DOTS=fp16_dots(q, k_buffer), HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged,
+        DIRECT=direct,
+        num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
+    )  # fmt: skip
     if direct:
         return out
-    block_h = min(8, heads)
-    _decode_reduce_kernel[(bsz, triton.cdiv(heads, block_h))](
+    _decode_reduce_kernel[(bsz, heads)](
         part_o, part_lse, seq_lens, starts, out, num_kv_splits, max(prefix_splits, 1),
         num_kv_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
         D=dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_kv_splits + prefix_splits),
         BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, HAS_KV_STARTS=kv_starts is not None,
-        HEADS=heads, BLOCK_H=block_h, num_warps=4 if width * block_d <= 4096 else 8,
+        num_warps=4 if width * block_d <= 4096 else 8,
     )  # fmt: skip
     return out
