@@ -157,7 +157,7 @@ def extend_attention(
 
     `max_extend_len` (>= every extend_lens[b]) sizes the grid; pass it from the CPU copy to avoid a
     device sync. `pack_gqa`: one program serves all H / Hkv q heads of a kv head, so each K/V tile
-    is loaded once for them (None: when H > Hkv and they fit a block). `block_m` counts query
+    is loaded once for them (None: off, see the NOTE below). `block_m` counts query
     rows: new tokens unpacked, (token, head) pairs packed.
     """
     tokens, heads, dim = q.shape
@@ -182,11 +182,16 @@ def extend_attention(
     # and at 32x16 x d 128 under 4 warps (Triton 3.9). Packed, a 16-bit tile is 128 rows (32 tokens
     # x 4 heads) x 64 keys under 8 warps: no spills, 96 KB shared, 230 registers (sm_90), so one
     # program per SM (two would need <= 128 registers: it spills there).
+    # NOTE: packing is opt-in: on the H200 it ran at 0.88-0.93x of one program per q head at every
+    # shape measured (prefill 8 x 2048, 8 x (1024 + 1024), 64 x (2048 cached + 128), bf16 and fp8
+    # pools; BENCHMARKS.md, tenth session). Unpacked over an fp8 pool, 128 x 128 tiles under 8
+    # warps were best (+13-15% over 64 x 64 at 64 x (2048 + 128)); over bf16, 64 x 64 under 4.
     packed_m = block_m or (32 if fp32 else 128 if dim <= 128 else 64)
     if pack_gqa is None:
-        pack_gqa = 1 < group <= packed_m
-    block_m = packed_m if pack_gqa else block_m or (32 if fp32 else 64)
-    block_n = block_n or (16 if fp32 else 64)
+        pack_gqa = False
+    fp8_pool = k_buffer.element_size() == 1 and not fp32
+    block_m = packed_m if pack_gqa else block_m or (32 if fp32 else 128 if fp8_pool else 64)
+    block_n = block_n or (16 if fp32 else 128 if fp8_pool and not pack_gqa else 64)
     assert block_m >= 16 and block_n >= 16, (block_m, block_n)
     pack = group if pack_gqa else 1
     assert block_m >= pack, f"block_m {block_m} < {group} q heads per kv head: it cannot pack them"

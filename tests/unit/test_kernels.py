@@ -302,7 +302,7 @@ def test_extend_attention(
 @interpreted
 def test_extend_attention_packs_heads_only_where_they_fit() -> None:
     """32 q heads on one kv head: 16-row blocks run one program per q head (pack_gqa=True is
-    refused there); 32-row blocks pack them, one new token per program."""
+    refused there); 32-row blocks can pack them, one new token per program."""
     prefix, ext = [5, 17, 0], [2, 0, 3]
     lens = [p + e for p, e in zip(prefix, ext, strict=True)]
     pool = make_pool(lens, prefix, 16, 1, 32, torch.float32)
@@ -311,9 +311,9 @@ def test_extend_attention_packs_heads_only_where_they_fit() -> None:
     lens_args = (torch.tensor(prefix), ext_t, torch.cumsum(ext_t, 0) - ext_t)
     args = (q, k, v, pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, *lens_args)
     expected = ref.extend_attention_ref(*args, 0.2)
-    for block_m in (16, 32):
+    for block_m, pack in ((16, False), (32, True)):
         out = torch.full_like(q, NAN)
-        wk.extend_attention(*args, out, 0.2, max(ext), block_m=block_m, block_n=16)
+        wk.extend_attention(*args, out, 0.2, max(ext), block_m=block_m, block_n=16, pack_gqa=pack)
         assert_close(out, expected, 1e-5)
     with pytest.raises(AssertionError, match="cannot pack"):
         wk.extend_attention(*args, out, 0.2, 3, block_m=16, pack_gqa=True)
