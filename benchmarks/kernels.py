@@ -1,7 +1,7 @@
 """Kernel timings on CUDA: weft.kernels against the device-to-device copy ceiling of the same run.
 
     python benchmarks/kernels.py [--quick | --decode-only | --shared-only | --small-decode |
-                                  --extend-only [--quick]]
+                                  --extend-only [--quick] | --fp8-peer | --fp8-prefix]
 
 Medians of CUDA-event timings after warm-up (triton.testing.do_bench, L2 flushed between runs), on
 random data. GB/s counts the fewest bytes each kernel must move (every input read once, every
@@ -450,6 +450,9 @@ def main() -> None:
     parser.add_argument(
         "--extend-only", action="store_true", help="only extend attention, packed vs unpacked"
     )
+    parser.add_argument(
+        "--fp8-prefix", action="store_true", help="only the prefix-sharing decode on an fp8 pool"
+    )
     args = parser.parse_args()
     assert torch.cuda.is_available(), "benchmarks/kernels.py needs CUDA"
     torch.manual_seed(0)
@@ -462,6 +465,11 @@ def main() -> None:
     print(f"device-to-device copy: {ceiling:.0f} GB/s (read + write)")
     if args.shared_only:
         bench_shared_prefix(ceiling)
+        return
+    if args.fp8_prefix:
+        from kernels_fp8 import bench_prefix_decode_fp8
+
+        bench_prefix_decode_fp8(ceiling)
         return
     if args.fp8_tune or args.fp8_peer:
         from kernels_fp8 import bench_decode_fp8_peer, bench_decode_fp8_tune

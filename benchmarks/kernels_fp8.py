@@ -82,3 +82,52 @@ def bench_decode_fp8_peer(ceiling: float) -> None:
         print("        staged, best launches: " + ", ".join(
             f"{ms * 1e3:.1f} us = {nbytes / ms / 1e6 / ceiling:.0%} (block_n {bn}, warps {w}, "
             f"stages {st})" for ms, _, bn, w, st in results[:3]))  # fmt: skip
+
+
+def bench_prefix_decode_fp8(ceiling: float) -> None:
+    """Decode of the prefix-sharing benchmark's batch (64 groups x 16 requests on a 2048-token
+    prefix, fp8 pool): the runtime's launch, then sweeps of the prefix kernel's launch (own kernel
+    at its default) and of the per-request kernel's (prefix kernel at the runtime's); the roofline
+    counts the shared KV once and each request's own KV once, at 1 byte per element."""
+    from weft.kernels import SharedPrefix, decode_attention, decode_num_kv_splits
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    groups, size, prefix = 64, 16, 2048
+    bsz = groups * size
+    print(f"\nprefix-sharing decode, fp8 pool, {groups} groups x {size}, prefix {prefix}")
+    for own in (160, 384):
+        args = decode_setup(bsz, prefix + own)
+        args["k_buffer"] = args["k_buffer"].to(torch.float8_e4m3fn)
+        args["v_buffer"] = args["v_buffer"].to(torch.float8_e4m3fn)
+        table, rows = args["req_to_token"], args["req_rows"]
+        members = torch.arange(bsz, device="cuda").view(groups, size)
+        for g in range(groups):  # every member reads its group leader's prefix slots
+            table[rows[members[g, 1:]], :prefix] = table[rows[members[g, 0]], :prefix]
+        blocks = {
+            "block_members": members.to(torch.int32),
+            "block_rows": rows[members[:, 0]].to(torch.int32),
+            "block_lens": torch.full((groups,), prefix, dtype=torch.int32, device="cuda"),
+        }
+        starts = torch.full((bsz,), prefix, dtype=torch.int32, device="cuda")
+        splits = decode_num_kv_splits(bsz, 8, own, sms)
+        ideal = (groups * prefix + bsz * own) * 8 * 128 * 2 / (ceiling * 1e6)
+
+        fixed = {**args, "num_kv_splits": splits, "kv_starts": starts}
+
+        def run(
+            prefix_launch: dict, own_launch: dict, fixed: dict = fixed, blocks: dict = blocks
+        ) -> float:
+            shared = SharedPrefix(**blocks, **{"num_splits": 4, **prefix_launch})
+            return time_ms(partial(decode_attention, **fixed, shared=shared, **own_launch))
+
+        base = run({}, {})
+        print(f"  own {own}: runtime launch {base * 1e3:.1f} us; roofline {ideal * 1e3:.1f} us "
+              f"({ideal / base:.0%}); own kernel splits {splits}")  # fmt: skip
+        prefix_grid = [{"num_splits": sp, "block_n": bn, "num_warps": w}
+                       for sp in (2, 4, 8) for bn in (64, 128) for w in (4, 8)]  # fmt: skip
+        own_grid = [{"block_n": bn, "num_warps": w, "num_stages": st}
+                    for bn in (64, 128) for w in (4, 8) for st in (2, 3)]  # fmt: skip
+        for name, grid, as_prefix in (("prefix", prefix_grid, True), ("own", own_grid, False)):
+            times = sorted((run(c, {}) if as_prefix else run({}, c), i) for i, c in enumerate(grid))
+            best = ", ".join(f"{ms * 1e3:.1f} us {grid[i]}" for ms, i in times[:3])
+            print(f"    {name} kernel, best of {len(grid)}: {best}")
