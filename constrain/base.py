@@ -131,8 +131,14 @@ class GrammarMatcher(ABC):
 
     ##### Public API #####
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        """Write the allowed next tokens into `bitmask[row]` (int32 [B, ceil(V/32)], CPU, 1 = allowed)."""
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int, bind: bool = False) -> None:
+        """Write the allowed next tokens into `bitmask[row]` (int32 [B, ceil(V/32)], CPU, 1 = allowed).
+
+        `bind`: the row stays this matcher's until `release()` (the runtime: the request's slot),
+        and the caller neither writes it nor reads it while a token is being accepted; a backend
+        may then write the next masks into it ahead of their fill (llguidance's prefetch), which
+        is then only a wait. Without `bind`, nothing writes the row after this returns.
+        """
         space = self._space
         if bitmask is not self._buffer:  # NOTE: type and layout checked once per buffer (~1 us)
             assert bitmask.dtype == torch.int32 and not bitmask.is_cuda
@@ -173,6 +179,11 @@ class GrammarMatcher(ABC):
         self._stops -= undo_stops
         if k - undo_stops:
             self._rollback_content(k - undo_stops)
+
+    def release(self) -> None:  # noqa: B027 - optional hook: most matchers write no row later
+        """The row of the last `fill_bitmask(..., bind=True)` is no longer this matcher's (its
+        request slot was freed): once this returns, nothing writes it on the matcher's behalf.
+        Call it before the row is handed on."""
 
     def is_terminated(self) -> bool:
         """True once a stop token was accepted."""

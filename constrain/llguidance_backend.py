@@ -2,8 +2,9 @@
 
 Mask prefetch: when a matcher is created, and right after it accepts a token, a state with no
 forced continuation has its mask computed on a background thread (llguidance_prefetch; the library
-drops the GIL while it computes) into the matcher's own buffer; `fill_bitmask` then waits for it,
-if it is still running, and copies it.
+drops the GIL while it computes) into the matcher's own buffer, which the thread then also writes
+into the row of the last `fill_bitmask(..., bind=True)` (the request's slot) until `release()`;
+a fill of that row then only waits for it, if it is still running (another row: a copy).
 The mask is the library's own for the same state, so prefetching never changes a mask: it moves
 the work off the caller's path (the scheduler fills masks a model step after the accept), at the
 price of a thread handoff in accept_token (~10-30 us on a 2-core VM; see BENCHMARKS.md).
@@ -285,12 +286,24 @@ class LLGuidanceMatcher(GrammarMatcher):
         super().__init__(space)
         self._m = matcher
         self._prefetch = prefetch
-        self._next: ctypes.Array[ctypes.c_int32] | None = None  # prefetched mask, once allocated
+        self._row = llguidance_prefetch.BoundRow(space.words) if prefetch else None
+        self._in_place = False  # the fill in progress delivered the prefetched mask
         self._job: llguidance_prefetch.Job | None = None  # in flight, or done but not joined
-        self._ready = False  # `_next` holds the mask of the current state, finished (a row)
+        self._ready = False  # the buffer holds the mask of the current state, finished (a row)
         self._filled = False  # a fill has delivered the current state's mask
         self._forced: list[int] | None = None  # forced tokens of the current state, if known
         self._prefetch_if_unforced()  # the first mask too: a prefill runs before its fill
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int, bind: bool = False) -> None:
+        self._join()  # NOTE: no job may write a row while this thread writes one
+        self._in_place = False
+        super().fill_bitmask(bitmask, row)
+        if self._row is not None:  # bound: the next prefetch also writes its mask there
+            self._row.bind(bitmask if bind else None, row, holds=self._in_place)
+
+    def release(self) -> None:
+        if self._row is not None:
+            self._row.release()
 
     def error(self) -> str | None:
         if (self._job is not None or self._ready) and not self._filled:
@@ -301,13 +314,15 @@ class LLGuidanceMatcher(GrammarMatcher):
 
     def _fill_final(self, row_ptr: int) -> bool:
         """A prefetched mask is a finished row (the worker cleared non-content bits and added
-        the stops where the grammar may end): one copy, no call into the library here."""
+        the stops where the grammar may end), already in the row if it is the bound one, else
+        one copy; no call into the library here."""
         self._join()
         if not self._ready:
             return False
-        assert self._next is not None
-        ctypes.memmove(row_ptr, ctypes.addressof(self._next), self._space.words * 4)
-        self._filled = True
+        assert self._row is not None
+        if self._row.published != row_ptr:
+            ctypes.memmove(row_ptr, ctypes.addressof(self._row.buffer), self._space.words * 4)
+        self._filled = self._in_place = True
         return True
 
     def _fill_content(self, row_ptr: int) -> None:
@@ -359,21 +374,23 @@ class LLGuidanceMatcher(GrammarMatcher):
                 self._start_prefetch()
 
     def _start_prefetch(self) -> None:
-        if self._next is None:
-            self._next = (ctypes.c_int32 * self._space.words)()
-        self._job = llguidance_prefetch.MASK_WORKER.submit(self._m, self._next, self._finish)
+        assert self._row is not None
+        self._row.published = 0  # NOTE: no job in flight: the last one was joined
+        self._job = llguidance_prefetch.MASK_WORKER.submit(self._m, self._row.buffer, self._finish)
 
     def _finish(self, address: int) -> None:
         """On the worker thread, right after the mask: make it the final row (see _fill_final;
         NOTE: the library's state is the one the mask was computed for, as nothing touches
-        the matcher while its job runs)."""
+        the matcher while its job runs), and write it into the bound row."""
         space = self._space
         space.mask_non_content(address)
         if self._m.is_accepting():
             space.allow_stops(address)
+        assert self._row is not None
+        self._row.publish()
 
     def _join(self) -> None:
-        """Wait for the prefetch in flight, if any; `_next` then holds the current state's mask."""
+        """Wait for the prefetch in flight, if any; the buffer then holds the current state's mask."""
         job = self._job
         if job is None:
             return

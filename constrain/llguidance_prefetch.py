@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 Finish = Callable[[int], None]  # runs on the worker thread with the mask's address
 
 
@@ -67,3 +69,46 @@ class MaskWorker:
 
 
 MASK_WORKER = MaskWorker()
+
+
+class BoundRow:
+    """A matcher's prefetch buffer, and the bitmask row it owns (the request's slot; its last
+    fill with bind): the worker also writes each finished mask there, so that a fill of that row
+    waits and does not copy.
+
+    `bind` (fill, no job in flight) and `release` (the runtime let the row go) run on the
+    scheduler thread, `publish` on the worker; the lock orders them. NOTE: release never waits
+    for a job in flight: the job's mask stays in `buffer`, and no write reaches the row after
+    release returns (the row may already belong to another request).
+    """
+
+    def __init__(self, words: int) -> None:
+        self.buffer = (ctypes.c_int32 * words)()  # the worker computes here, then publishes
+        self._size = 4 * words
+        self._lock = threading.Lock()
+        self._bitmask: torch.Tensor | None = None  # keeps the bound row's memory alive
+        self._address = 0  # of the bound row; 0: none
+        self.published = 0  # address of the row that holds `buffer`'s finished mask; 0: none
+
+    def bind(self, bitmask: torch.Tensor | None, row: int, holds: bool) -> None:
+        """The matcher was filled into `bitmask[row]` (`holds`: with `buffer`'s mask), which it
+        now owns (None: a row it does not own; unbinds)."""
+        if bitmask is None:
+            self.release()
+            return
+        address = bitmask.data_ptr() + self._size * row
+        with self._lock:
+            self._bitmask, self._address = bitmask, address
+            self.published = address if holds else 0
+
+    def release(self) -> None:
+        """Forget the bound row: from now on no job writes it."""
+        with self._lock:
+            self._bitmask, self._address, self.published = None, 0, 0
+
+    def publish(self) -> None:
+        """On the worker, once `buffer` holds a finished mask: copy it into the bound row."""
+        with self._lock:
+            if self._address:
+                ctypes.memmove(self._address, ctypes.addressof(self.buffer), self._size)
+            self.published = self._address

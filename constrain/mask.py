@@ -15,19 +15,25 @@ _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 
 def apply_bitmask(
-    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None
+    logits: torch.Tensor,
+    bitmask: torch.Tensor,
+    rows: torch.Tensor | None = None,
+    mask_rows: torch.Tensor | None = None,
 ) -> None:
     """In place: logits of disallowed tokens -> -inf. Works on CPU and CUDA logits.
 
-    logits: [B, V] float; bitmask: int32 [R, W] (moved to logits' device); rows: optional int64
-    [R] logit rows that the mask rows belong to (unconstrained rows are then left untouched).
-    Columns at or beyond 32*W are disallowed.
+    logits: [B, V] float; bitmask: int32 [M, W] (moved to logits' device); rows: optional int64
+    [R] logit rows that are masked (unconstrained rows are then left untouched; default: all B);
+    mask_rows: optional int64 [R] bitmask row of each masked logit row (default: rows 0..R-1 in
+    order, M == R). Columns at or beyond 32*W are disallowed.
     """
     device = logits.device
     shifts = _SHIFTS.get(device)
     if shifts is None:
         shifts = _SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)
     mask = bitmask.to(device, non_blocking=True)
+    if mask_rows is not None:
+        mask = mask.index_select(0, mask_rows.to(device))  # [R, W]
     n_rows, vocab = (logits.shape[0] if rows is None else rows.numel()), logits.shape[1]
     assert mask.shape[0] == n_rows, f"bitmask rows {mask.shape[0]} != logit rows {n_rows}"
     width = min(vocab, 32 * mask.shape[1])

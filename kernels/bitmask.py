@@ -14,23 +14,29 @@ BLOCK = 2048
 @triton.jit
 def _bitmask_kernel(  # type: ignore[no-untyped-def]
     Logits,  # [B, V]
-    Mask,  # [R, W] int32
-    Rows,  # [R] logit row of each mask row (unused unless HAS_ROWS)
+    Mask,  # [M, W] int32
+    Rows,  # [R] logit row of each masked row (unused unless HAS_ROWS)
+    MaskRows,  # [R] mask row of each masked row (unused unless HAS_MASK_ROWS)
     stride_l,
     stride_m,
     vocab,
     width,
     BLOCK: tl.constexpr,  # tokens per program, a multiple of 32
     HAS_ROWS: tl.constexpr,
+    HAS_MASK_ROWS: tl.constexpr,
 ):
     i = tl.program_id(0)
     if HAS_ROWS:
         row = tl.load(Rows + i).to(tl.int64)
     else:
         row = i.to(tl.int64)
+    if HAS_MASK_ROWS:
+        mask_row = tl.load(MaskRows + i).to(tl.int64)
+    else:
+        mask_row = i.to(tl.int64)
     offs_w = tl.program_id(1) * (BLOCK // 32) + tl.arange(0, BLOCK // 32)  # [BLOCK/32] word ids
     # NOTE: words at or past W read as 0, so tokens without a bit count as disallowed
-    words = tl.load(Mask + i * stride_m + offs_w, mask=offs_w < width, other=0)
+    words = tl.load(Mask + mask_row * stride_m + offs_w, mask=offs_w < width, other=0)
     bit = tl.arange(0, 32)
     allowed = (words[:, None] >> bit[None, :]) & 1  # [BLOCK/32, 32]
     tokens = offs_w[:, None] * 32 + bit[None, :]  # [BLOCK/32, 32]
@@ -41,22 +47,29 @@ def _bitmask_kernel(  # type: ignore[no-untyped-def]
 
 def apply_token_bitmask(
     logits: torch.Tensor,  # [B, V] float, masked in place
-    bitmask: torch.Tensor,  # [R, W] int32 on logits' device; bit i of word w allows 32*w + i
-    rows: torch.Tensor | None = None,  # [R] int logit row of each mask row; None: R == B
+    bitmask: torch.Tensor,  # [M, W] int32 on logits' device; bit i of word w allows 32*w + i
+    rows: torch.Tensor | None = None,  # [R] int logit row of each masked row; None: R == B
+    mask_rows: torch.Tensor | None = None,  # [R] int bitmask row of each masked row; None: R == M
 ) -> None:
-    """In place: logits[rows[r], t] = -inf where bit t of bitmask[r] is 0 or t >= 32 * W."""
+    """In place: logits[rows[r], t] = -inf where bit t of bitmask[mask_rows[r]] is 0 or
+    t >= 32 * W (rows, mask_rows default to 0..R-1)."""
     bsz, vocab = logits.shape
-    num_masks, width = bitmask.shape
+    num_bitmask, width = bitmask.shape
     dev = logits.device
     check_tensor(logits, "logits", (bsz, vocab), (torch.float16, torch.bfloat16, torch.float32))
-    check_tensor(bitmask, "bitmask", (num_masks, width), (torch.int32,), dev)
+    check_tensor(bitmask, "bitmask", (num_bitmask, width), (torch.int32,), dev)
+    num_masks = num_bitmask if mask_rows is None else mask_rows.numel()
+    if mask_rows is not None:
+        check_tensor(mask_rows, "mask_rows", (num_masks,), INDEX_DTYPES, dev)
     if rows is None:
-        assert num_masks == bsz, f"bitmask has {num_masks} rows for {bsz} logit rows; pass rows"
+        assert num_masks == bsz, f"{num_masks} masked rows for {bsz} logit rows; pass rows"
     else:
         check_tensor(rows, "rows", (num_masks,), INDEX_DTYPES, dev)
     if num_masks == 0 or vocab == 0:
         return
     _bitmask_kernel[(num_masks, triton.cdiv(vocab, BLOCK))](
-        logits, bitmask, bitmask if rows is None else rows, logits.stride(0), bitmask.stride(0),
-        vocab, width, BLOCK=BLOCK, HAS_ROWS=rows is not None, num_warps=4,
+        logits, bitmask, bitmask if rows is None else rows,
+        bitmask if mask_rows is None else mask_rows, logits.stride(0), bitmask.stride(0),
+        vocab, width, BLOCK=BLOCK, HAS_ROWS=rows is not None, HAS_MASK_ROWS=mask_rows is not None,
+        num_warps=4,
     )  # fmt: skip

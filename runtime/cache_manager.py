@@ -128,6 +128,8 @@ class KVCacheManager:
     def _drop(self, req: Req) -> None:
         self.tree.dec_lock_ref(req.last_node)
         assert req.row is not None
+        if req.grammar is not None:  # NOTE: before the slot (and its bitmask row) is handed on
+            req.grammar.release()
         self.table.free(req.row)
         req.row, req.kv_len, req.prefix_len, req.last_node = None, 0, 0, None
 

@@ -195,3 +195,17 @@ def test_overlap_option_is_validated() -> None:
         EngineConfig(overlap_schedule="sometimes")  # type: ignore[arg-type]
     assert not EngineConfig(device="cpu").resolved_overlap
     assert EngineConfig(device="cpu", overlap_schedule="on").resolved_overlap
+
+
+def test_retraction_with_grammars(tiny_model_dir: Path) -> None:
+    """Retracted constrained requests release their slot's bitmask row (its prefetch may be in
+    flight) and resume in another slot: the masks stay right, the JSON valid."""
+    params = [greedy(40, json_schema=json.dumps(SCHEMA)) for _ in range(10)]
+    outs = check_same(tiny_model_dir, params, max_total_tokens=200)
+    _, sched = run(tiny_model_dir, "off", params, max_total_tokens=200)
+    assert sched.stats["retractions"] > 0 and len(outs) == 10
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+    for ids, kind in outs.values():
+        assert kind in ("stop", "length"), kind
+        if kind == "stop":
+            json.loads(tok.decode(ids, skip_special_tokens=True))
