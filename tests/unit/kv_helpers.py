@@ -1,4 +1,5 @@
-"""Builders shared by the memory and scheduling unit tests: requests and KV cache managers."""
+"""Builders and checks shared by the memory, cache-manager and scheduling unit tests: requests, KV
+cache managers, a simulated model's forward, slot accounting."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from weft.runtime.request import Req
 from weft.runtime.sampling_params import SamplingParams
 
 PAGE_SIZES = [1, 4]
+BASE = list(range(100, 116))  # prompts of the cache-manager scenarios are prefixes of this
 
 
 def make_req(
@@ -39,3 +41,66 @@ def make_cache(
         RadixCache(allocator, page_size) if tree == "radix" else NoCache(allocator, page_size)
     )
     return KVCacheManager(allocator, prefix_cache, ReqToTokenPool(max_reqs, max_context, "cpu"))
+
+
+##### KVCacheManager scenario helpers #####
+
+
+def aligned(n: int, page_size: int) -> int:
+    return n - n % page_size
+
+
+def row_slots(cache: KVCacheManager, req: Req) -> list[int]:
+    assert req.row is not None
+    return cache.table.table[req.row, : req.kv_len].tolist()
+
+
+def forward(cache: KVCacheManager, req: Req, n: int) -> None:
+    """Allocate and 'run' the next n tokens of the request."""
+    assert cache.alloc(req, n)
+    req.kv_len += n
+
+
+def prefill(cache: KVCacheManager, req: Req, token: int = 7) -> None:
+    """Admit (if needed), run the rest of fill_ids, sample one token."""
+    if req.row is None:
+        assert cache.admit(req)
+    forward(cache, req, req.extend_len)
+    req.output_ids.append(token)
+
+
+def seed_tree(cache: KVCacheManager, prompt: Sequence[int]) -> None:
+    """A finished request that leaves `prompt` (its full pages) in the tree, unlocked."""
+    req = make_req("seed", prompt)
+    prefill(cache, req)
+    cache.cache_req(req, release=True)
+
+
+def held_slots(cache: KVCacheManager, reqs: Sequence[Req]) -> int:
+    """Slots in pages the requests own (table positions [prefix_len, kv_len))."""
+    pages: set[int] = set()
+    for req in reqs:
+        if req.row is not None:
+            own = cache.table.table[req.row, req.prefix_len : req.kv_len]
+            pages |= set((own // cache.page_size).tolist())
+    return len(pages) * cache.page_size
+
+
+def assert_accounted(cache: KVCacheManager, reqs: Sequence[Req]) -> None:
+    """Mid-run conservation: every slot is free, in the tree, or in a request's own pages."""
+    tree = cache.tree
+    parts = (
+        cache.allocator.free_slots,
+        tree.evictable_size(),
+        tree.protected_size(),
+        held_slots(cache, reqs),
+    )
+    assert sum(parts) == cache.allocator.total_slots, f"free/evictable/protected/held = {parts}"
+    tree.check_integrity()
+
+
+def release_all(cache: KVCacheManager, reqs: Sequence[Req]) -> None:
+    for req in reqs:
+        if req.row is not None:
+            cache.cache_req(req, release=True)
+    cache.check_conservation()
