@@ -5,17 +5,16 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import deque
 from typing import Any
 
 import torch
 
-from weft.constrain import allocate_bitmask, apply_bitmask
 from weft.runtime.attention import create_attention_backend
 from weft.runtime.batch import Batch, ForwardBatch, ForwardMode
 from weft.runtime.config import EngineConfig
 from weft.runtime.cuda_graph import GraphRunner
 from weft.runtime.distributed import TPGroup
+from weft.runtime.grammar_masks import GrammarMasks
 from weft.runtime.loader import iterate_weight_slices
 from weft.runtime.logprobs import LogprobRows, gather_logprobs
 from weft.runtime.memory import RESERVED_PAGES, KVPool, PageAllocator, ReqToTokenPool
@@ -28,7 +27,6 @@ from weft.runtime.step import LaunchedStep, ReqStepResult, input_logprob_rows, s
 from weft.runtime.transfer import to_device
 
 logger = logging.getLogger(__name__)
-MASK_FILL_WINDOW = 10_000
 
 CPU_KV_BYTES = 1 << 30  # default CPU budget for the KV pool
 
@@ -124,12 +122,6 @@ class ModelRunner:
         self.num_forward_tokens = 0  # tokens actually run through the model (prefix reuse tests)
         self.num_forward_passes = 0
         self.num_shared_prefix_steps = 0  # decode steps that read a shared prefix once per group
-        # per constrained request and step: ns the scheduler thread spent in fill_bitmask (the
-        # last MASK_FILL_WINDOW fills; a mask prefetched into the request's row is only waited
-        # for there); per step with masks: ns in their apply (CPU: it reads every masked row)
-        self.mask_fill_ns: deque[int] = deque(maxlen=MASK_FILL_WINDOW)
-        self.mask_apply_ns: deque[int] = deque(maxlen=MASK_FILL_WINDOW)
-        self.num_mask_fills = 0
         self.num_launches = 0
         self._last_ids: tuple[int, torch.Tensor] | None = None  # the last launch's sampled ids
         # host copies of sampled ids: one per step that can be alive at once (overlap keeps two)
@@ -138,8 +130,9 @@ class ModelRunner:
             torch.empty(config.max_running_requests, dtype=torch.int64, pin_memory=pin)
             for _ in range(3)
         ]
-        # grammar masks, row = request slot (pinned with CUDA), allocated on first use
-        self.bitmask: torch.Tensor | None = None
+        self.masks = GrammarMasks(
+            self.req_to_token.max_reqs, self.hf_config.vocab_size, self.device, self.fused
+        )
         logger.info("KV pool: %d tokens in pages of %d", self.allocator.total_slots, self.page_size)
 
     def _num_pages(self, bytes_per_slot: int) -> int:
@@ -198,40 +191,9 @@ class ModelRunner:
             offset += n
         return step
 
-    def _fill_grammar_masks(self, step: LaunchedStep) -> list[int]:
-        """The masks of the constrained requests that sample this step, each in the bitmask row
-        of its request slot (`req.row`); their batch indices. (A request that ended since the
-        launch, overlap scheduling, samples unmasked: its token is dropped.)"""
-        reqs = step.batch.reqs
-        constrained = [
-            i for i in step.samplers if reqs[i].grammar is not None and not reqs[i].finished
-        ]
-        if constrained and self.bitmask is None:
-            self.bitmask = allocate_bitmask(self.req_to_token.max_reqs, self.hf_config.vocab_size)
-        clock = time.perf_counter_ns
-        for i in constrained:
-            assert self.bitmask is not None and reqs[i].row is not None
-            t0 = clock()
-            reqs[i].grammar.fill_bitmask(self.bitmask, reqs[i].row, bind=True)  # its slot's row
-            self.mask_fill_ns.append(clock() - t0)
-        self.num_mask_fills += len(constrained)
-        return constrained
-
     def mask_fill_stats(self) -> dict[str, float]:
-        """Mask fill time per constrained request and step on the scheduler thread, in µs: the
-        count of all fills and the median / p99 of the last MASK_FILL_WINDOW; and the apply's
-        per step with masks (`apply_*`: on CPU the masking itself, with CUDA its launch and
-        copy queueing only). The worker's mask computation is on neither."""
-        if not self.mask_fill_ns:
-            return {"count": 0}
-        (p50, p99), (apply_p50, apply_p99) = map(_p50_p99, (self.mask_fill_ns, self.mask_apply_ns))
-        return {
-            "count": self.num_mask_fills,
-            "p50_us": p50,
-            "p99_us": p99,
-            "apply_p50_us": apply_p50,
-            "apply_p99_us": apply_p99,
-        }
+        """Grammar mask fill and apply times (GrammarMasks.stats)."""
+        return self.masks.stats()
 
     def _forward_batch(self, batch: Batch) -> ForwardBatch:
         ids: list[int] = []
@@ -296,14 +258,14 @@ class ModelRunner:
         sample_rows = step.sample_rows
         if not sample_rows:
             return
-        masked = self._fill_grammar_masks(step)  # on CUDA: while the GPU runs the model
+        masked = self.masks.fill(batch.reqs, step.samplers)  # CUDA: while the GPU runs
         if len(sample_rows) == hidden.shape[0]:  # every row samples (decode): no gather
             picked = hidden
         else:
             picked = hidden[to_device(sample_rows, torch.int64, self.device)]
         logits = self.model.compute_logits(picked)  # [S, V]
         if masked:
-            self._apply_grammar_masks(step, masked, logits)
+            self.masks.apply(batch.reqs, step.samplers, masked, logits)
         reqs = [batch.reqs[i] for i in step.samplers]
         inputs = [
             SamplingInputs(r.params, r.input_ids, r.output_ids, self._stop_ids(r), r.generator)
@@ -321,37 +283,6 @@ class ModelRunner:
             step.ready.record()
         else:
             step.host_ids = out.next_ids
-
-    def _apply_grammar_masks(
-        self, step: LaunchedStep, masked: list[int], logits: torch.Tensor
-    ) -> None:
-        """Mask the logits rows of the `masked` batch indices with their requests' bitmask rows.
-
-        NOTE: with CUDA only the slot range [lo, hi) is copied, asynchronously from pinned
-        memory, so the rows must not change until the copy ran: a matcher's worker writes its
-        row's next mask only after its next accept, and every accept comes after this step's
-        sampled tokens reached the host (LaunchedStep.resolve waits for an event recorded after
-        this copy). Keep every accept (and rollback) after that wait. Rows in the range that no
-        request of the step owns may change meanwhile: they are copied but not read.
-        """
-        assert self.bitmask is not None
-        reqs = step.batch.reqs
-        where = {i: k for k, i in enumerate(step.samplers)}
-        slots: list[int] = [reqs[i].row for i in masked]  # set: they run (checked in the fill)
-        lo, hi = min(slots), max(slots) + 1
-        index = to_device(
-            [where[i] for i in masked] + [s - lo for s in slots], torch.int64, self.device
-        )
-        rows, mask_rows = index[: len(masked)], index[len(masked) :]
-        t0 = time.perf_counter_ns()
-        if self.fused:
-            from weft.kernels import apply_token_bitmask
-
-            mask = self.bitmask[lo:hi].to(self.device, non_blocking=True)
-            apply_token_bitmask(logits, mask, rows=rows, mask_rows=mask_rows)
-        else:
-            apply_bitmask(logits, self.bitmask[lo:hi], rows=rows, mask_rows=mask_rows)
-        self.mask_apply_ns.append(time.perf_counter_ns() - t0)
 
     def _stop_ids(self, req: Req) -> frozenset[int]:
         ids = frozenset(req.params.stop_token_ids)
@@ -389,12 +320,3 @@ class ModelRunner:
                 if req.token_ids_logprob:
                     res.input_ids_lp += by_id
             at += k
-
-
-def _p50_p99(ns: deque[int]) -> tuple[float, float]:
-    """The median and p99 of ns values, in µs (0 if none)."""
-    ordered = sorted(ns)
-    n = len(ordered)
-    if not n:
-        return 0.0, 0.0
-    return ordered[(n - 1) // 2] / 1e3, ordered[min(n - 1, (99 * n) // 100)] / 1e3
