@@ -127,6 +127,7 @@ def profile_scheduler(args: argparse.Namespace) -> None:
         max_running_requests=args.max_running,
         cuda_graph_max_bs=args.max_running,
         enable_mixed_chunk=args.mixed,
+        disable_radix_cache=args.no_radix_cache,
     )
     sched = Scheduler(config, folder, channel=None)
     all_ids = prompts(args, hf.vocab_size)
@@ -272,6 +273,7 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=16, help="scheduler: requests per group")
     ap.add_argument("--prefix-len", type=int, default=2048, help="scheduler: shared tokens")
     ap.add_argument("--trace-steps", type=int, default=0, help="scheduler: decode steps to trace")
+    ap.add_argument("--no-radix-cache", action="store_true", help="scheduler: radix cache off")
     args = ap.parse_args()
     if args.what == "runner":
         profile_runner(args)
