@@ -1,10 +1,5 @@
-"""KVCacheManager on CPU (no model): caching finished and chunked requests into the radix
-tree, duplicates, and the conservation check.
-
-The model is simulated: after a forward of n tokens `req.kv_len += n`, after sampling
-`req.output_ids.append(tok)`. Every scenario ends with all requests released and
-`check_conservation()` passing (free + evictable + protected == total, no row held).
-"""
+"""KVCacheManager on CPU (no model, simulated as in test_cache_manager.py): caching finished and
+chunked requests into the radix tree, duplicates, and the conservation check."""
 
 from __future__ import annotations
 
