@@ -1,13 +1,9 @@
 """llguidance backend: JSON schema, regex, Lark/GBNF and choices via an Earley parser over a lazy lexer.
 
-Mask prefetch: when a matcher is created, and right after it accepts a token, a state with no
-forced continuation has its mask computed on a background thread (llguidance_prefetch; the library
-drops the GIL while it computes) into the matcher's own buffer, which the thread then also writes
-into the row of the last `fill_bitmask(..., bind=True)` (the request's slot) until `release()`;
-a fill of that row then only waits for it, if it is still running (another row: a copy).
-The mask is the library's own for the same state, so prefetching never changes a mask: it moves
-the work off the caller's path (the scheduler fills masks a model step after the accept), at the
-price of a thread handoff in accept_token (~10-30 us on a 2-core VM; see BENCHMARKS.md).
+Mask prefetch: after creation and each accepted token, a state with no forced continuation has its
+mask computed on a background thread (llguidance_prefetch; the library drops the GIL) and written
+into the row of the last `fill_bitmask(..., bind=True)` (the request's slot) until `release()`:
+a fill of that row only waits for it (another row: a copy). Masks are the library's own either way.
 """
 
 from __future__ import annotations
@@ -296,6 +292,11 @@ class LLGuidanceMatcher(GrammarMatcher):
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int, bind: bool = False) -> None:
         self._join()  # NOTE: no job may write a row while this thread writes one
+        row_ = self._row
+        if bind and self._ready and not self._filled and not self._stops and row_ is not None:
+            if row_.holds(bitmask, row):  # the common case: the prefetch is already in the row
+                self._filled = self._in_place = True  # NOTE: what the full path below ends with
+                return
         self._in_place = False
         super().fill_bitmask(bitmask, row)
         if self._row is not None:  # bound: the next prefetch also writes its mask there

@@ -88,6 +88,7 @@ class BoundRow:
         self._lock = threading.Lock()
         self._bitmask: torch.Tensor | None = None  # keeps the bound row's memory alive
         self._address = 0  # of the bound row; 0: none
+        self._row = -1  # its index in _bitmask
         self.published = 0  # address of the row that holds `buffer`'s finished mask; 0: none
 
     def bind(self, bitmask: torch.Tensor | None, row: int, holds: bool) -> None:
@@ -98,13 +99,18 @@ class BoundRow:
             return
         address = bitmask.data_ptr() + self._size * row
         with self._lock:
-            self._bitmask, self._address = bitmask, address
+            self._bitmask, self._address, self._row = bitmask, address, row
             self.published = address if holds else 0
 
     def release(self) -> None:
         """Forget the bound row: from now on no job writes it."""
         with self._lock:
-            self._bitmask, self._address, self.published = None, 0, 0
+            self._bitmask, self._address, self._row, self.published = None, 0, -1, 0
+
+    def holds(self, bitmask: torch.Tensor, row: int) -> bool:
+        """Whether `bitmask[row]` is the bound row and holds `buffer`'s finished mask (read with
+        no job in flight: the worker's last publish happened before its job was joined)."""
+        return self._bitmask is bitmask and self._row == row and self.published != 0
 
     def publish(self) -> None:
         """On the worker, once `buffer` holds a finished mask: copy it into the bound row."""
