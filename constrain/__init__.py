@@ -29,6 +29,7 @@ def create_grammar_backend(
     strict: bool = False,
     max_json_whitespace: int = DEFAULT_JSON_WHITESPACE,
     prefetch_masks: bool = True,
+    prefetch_forced: bool = False,
 ) -> GrammarBackend:
     """A backend for one model: `tokenizer` a HF fast tokenizer, `vocab_size` the logit width
     (>= the tokenizer's; padded columns are never allowed), `stop_ids` every stop id (allowed
@@ -36,7 +37,9 @@ def create_grammar_backend(
     enforce (else enforce the rest and list them in `unenforced`). JSON allows at most
     `max_json_whitespace` whitespace characters in a row (none before or after the value).
     `prefetch_masks` (llguidance): compute each next mask on a background thread as soon as a
-    token is accepted, so `fill_bitmask` mostly copies a finished mask (masks are unchanged).
+    token is accepted, so `fill_bitmask` mostly waits for a finished mask (masks are unchanged);
+    `prefetch_forced`: also where the next tokens are forced (pass True when forced tokens are
+    sampled through masks, i.e. without jump-forward).
 
     JSON semantics, both backends: object properties come in schema order; strings are raw UTF-8
     (llguidance refuses \\u escapes of printable characters). `additionalProperties` absent or
@@ -48,7 +51,9 @@ def create_grammar_backend(
     if name == "llguidance":
         from weft.constrain.llguidance_backend import LLGuidanceBackend
 
-        return LLGuidanceBackend(space, tokenizer, strict, whitespace, prefetch_masks)
+        return LLGuidanceBackend(
+            space, tokenizer, strict, whitespace, prefetch_masks, prefetch_forced
+        )
     if name == "outlines":
         from weft.constrain.outlines_backend import OutlinesBackend
 

@@ -1,14 +1,8 @@
-"""llguidance backend: JSON schema, regex, Lark/GBNF and choices via an Earley parser over a lazy lexer.
-
-Mask prefetch: after creation and each accepted token, a state with no forced continuation has its
-mask computed on a background thread (llguidance_prefetch; the library drops the GIL) and written
-into the row of the last `fill_bitmask(..., bind=True)` (the request's slot) until `release()`:
-a fill of that row only waits for it (another row: a copy). Masks are the library's own either way.
-"""
+"""llguidance backend: JSON schema, regex, Lark/GBNF and choices via an Earley parser over a lazy lexer
+(compiling and repairing specs; a request's matcher and its mask prefetch: llguidance_matcher)."""
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import re
@@ -18,7 +12,6 @@ import llguidance
 import llguidance.hf
 import torch
 
-from weft.constrain import llguidance_prefetch
 from weft.constrain.base import (
     STRICT_NOTE,
     CompiledGrammar,
@@ -27,6 +20,7 @@ from weft.constrain.base import (
     GrammarMatcher,
     GrammarSpec,
 )
+from weft.constrain.llguidance_matcher import LLGuidanceMatcher
 from weft.constrain.schema import llguidance_keywords, without_patterns, without_remote_refs
 from weft.constrain.structural_format import format_grammar, format_texts
 from weft.constrain.structural_tag import structural_tag_format
@@ -65,9 +59,10 @@ class LLGuidanceBackend(GrammarBackend):
         strict: bool,
         json_whitespace: str,
         prefetch_masks: bool = True,
+        prefetch_forced: bool = False,
     ) -> None:
         super().__init__(space, strict)
-        self._prefetch = prefetch_masks
+        self._prefetch = (prefetch_masks, prefetch_forced)
         stops = sorted(space.stop_ids)
         self._tokenizer = llguidance.hf.from_tokenizer(
             tokenizer, n_vocab=space.vocab_size, eos_token=stops
@@ -93,7 +88,7 @@ class LLGuidanceBackend(GrammarBackend):
             else []
         )
         space = self.space.allowing(structure_ids)
-        compiled = LLGuidanceGrammar(spec, unenforced, space, matcher, self._prefetch)
+        compiled = LLGuidanceGrammar(spec, unenforced, space, matcher, *self._prefetch)
         compiled.warm_up()
         if matcher.is_error():
             raise self._refusal(spec, matcher.get_error())
@@ -256,11 +251,12 @@ class LLGuidanceGrammar(CompiledGrammar):
         space: TokenSpace,
         template: Any,
         prefetch: bool = True,
+        prefetch_forced: bool = False,
     ) -> None:
         super().__init__(spec, unenforced)
         self._space = space
         self._template = template
-        self._prefetch = prefetch
+        self._prefetch = (prefetch, prefetch_forced)
 
     def warm_up(self) -> None:
         """Compute the first mask now, so that compile time includes it and requests start warm."""
@@ -268,135 +264,4 @@ class LLGuidanceGrammar(CompiledGrammar):
         self._template.unsafe_compute_mask_ptr(scratch.data_ptr(), self._space.words * 4)
 
     def matcher(self) -> GrammarMatcher:
-        return LLGuidanceMatcher(self._space, self._template.deep_copy(), self._prefetch)
-
-
-class LLGuidanceMatcher(GrammarMatcher):
-    """A request's llguidance matcher; with `prefetch`, each accepted token starts the next mask.
-
-    NOTE: while a prefetch runs, the library holds the matcher, so every hook that touches
-    `self._m` waits for it first (`_join`). Masks are identical with and without prefetch.
-    """
-
-    def __init__(self, space: TokenSpace, matcher: Any, prefetch: bool = True) -> None:
-        super().__init__(space)
-        self._m = matcher
-        self._prefetch = prefetch
-        self._row = llguidance_prefetch.BoundRow(space.words) if prefetch else None
-        self._in_place = False  # the fill in progress delivered the prefetched mask
-        self._job: llguidance_prefetch.Job | None = None  # in flight, or done but not joined
-        self._ready = False  # the buffer holds the mask of the current state, finished (a row)
-        self._filled = False  # a fill has delivered the current state's mask
-        self._forced: list[int] | None = None  # forced tokens of the current state, if known
-        self._prefetch_if_unforced()  # the first mask too: a prefill runs before its fill
-
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int, bind: bool = False) -> None:
-        self._join()  # NOTE: no job may write a row while this thread writes one
-        row_ = self._row
-        if bind and self._ready and not self._filled and not self._stops and row_ is not None:
-            if row_.holds(bitmask, row):  # the common case: the prefetch is already in the row
-                self._filled = self._in_place = True  # NOTE: what the full path below ends with
-                return
-        self._in_place = False
-        super().fill_bitmask(bitmask, row)
-        if self._row is not None:  # bound: the next prefetch also writes its mask there
-            self._row.bind(bitmask if bind else None, row, holds=self._in_place)
-
-    def release(self) -> None:
-        if self._row is not None:
-            self._row.release()
-
-    def error(self) -> str | None:
-        if (self._job is not None or self._ready) and not self._filled:
-            # NOTE: a prefetch starts only from a state without error; an error it met (a fuel
-            # limit) shows once a fill delivered its mask, as when the fill computes it itself.
-            return None
-        return str(self._m.get_error()) if self._m.is_error() else None
-
-    def _fill_final(self, row_ptr: int) -> bool:
-        """A prefetched mask is a finished row (the worker cleared non-content bits and added
-        the stops where the grammar may end), already in the row if it is the bound one, else
-        one copy; no call into the library here."""
-        self._join()
-        if not self._ready:
-            return False
-        assert self._row is not None
-        if self._row.published != row_ptr:
-            ctypes.memmove(row_ptr, ctypes.addressof(self._row.buffer), self._space.words * 4)
-        self._filled = self._in_place = True
-        return True
-
-    def _fill_content(self, row_ptr: int) -> None:
-        self._join()
-        self._m.unsafe_compute_mask_ptr(row_ptr, self._space.words * 4)
-        self._filled = True
-
-    def _can_end(self) -> bool:
-        self._join()
-        return bool(self._m.is_accepting())
-
-    def _accept_content(self, token: int) -> bool:
-        self._join()
-        # NOTE: consume_token on a forbidden token poisons the matcher; validate first.
-        if self._m.validate_tokens([token]) != 1:
-            return False
-        ok = self._m.consume_token(token)
-        assert ok, self._m.get_error()
-        self._ready = self._filled = False
-        self._forced = None
-        self._prefetch_if_unforced()
-        return True
-
-    def _rollback_content(self, k: int) -> None:
-        self._join()
-        ok = self._m.rollback(k)
-        assert ok, f"rollback({k}) failed: {self._m.get_error()}"
-        self._ready = self._filled = False
-        self._forced = None
-
-    def _forced_content(self) -> list[int]:
-        if self._forced is None:
-            self._join()
-            self._forced = list(self._m.compute_ff_tokens())
-        return list(self._forced)
-
-    def _clone(self) -> GrammarMatcher:
-        self._join()
-        return LLGuidanceMatcher(self._space, self._m.deep_copy(), self._prefetch)
-
-    ##### Internal Helper Functions #####
-
-    def _prefetch_if_unforced(self) -> None:
-        """Start computing this state's mask, unless it has forced tokens (NOTE: then the mask
-        allows one token: cheap) or an error."""
-        if self._prefetch and not self._m.is_error():
-            self._forced = list(self._m.compute_ff_tokens())
-            if not self._forced:
-                self._start_prefetch()
-
-    def _start_prefetch(self) -> None:
-        assert self._row is not None
-        self._row.published = 0  # NOTE: no job in flight: the last one was joined
-        self._job = llguidance_prefetch.MASK_WORKER.submit(self._m, self._row.buffer, self._finish)
-
-    def _finish(self, address: int) -> None:
-        """On the worker thread, right after the mask: make it the final row (see _fill_final;
-        NOTE: the library's state is the one the mask was computed for, as nothing touches
-        the matcher while its job runs), and write it into the bound row."""
-        space = self._space
-        space.mask_non_content(address)
-        if self._m.is_accepting():
-            space.allow_stops(address)
-        assert self._row is not None
-        self._row.publish()
-
-    def _join(self) -> None:
-        """Wait for the prefetch in flight, if any; the buffer then holds the current state's mask."""
-        job = self._job
-        if job is None:
-            return
-        self._job = None
-        job.done.acquire()  # released by the worker
-        if job.error is not None:
-            raise job.error
-        self._ready = True
+        return LLGuidanceMatcher(self._space, self._template.deep_copy(), *self._prefetch)

@@ -74,6 +74,11 @@ class GrammarQueue:
                     self.vocab_size,
                     self.stop_ids,
                     strict=self.config.strict_schemas,
+                    # NOTE: forced tokens are sampled through masks unless jump-forward runs
+                    # (the scheduler's rule), so their masks are prefetched too
+                    prefetch_forced=(
+                        self.config.disable_jump_forward or self.config.resolved_overlap
+                    ),
                 )
             except Exception as e:
                 logger.warning(

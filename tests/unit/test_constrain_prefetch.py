@@ -121,3 +121,27 @@ def test_a_batch_of_queued_prefetches_gives_the_same_masks() -> None:
             if allowed(mask[None], tokens[t]):
                 assert a.accept_token(tokens[t]) and b.accept_token(tokens[t])
     assert steps > 300 and queued > steps // 2, (steps, queued)
+
+
+def test_prefetch_forced_prefetches_forced_states_with_the_same_masks() -> None:
+    """With prefetch_forced (forced tokens sampled through masks, no jump-forward) a state with
+    forced tokens has its mask prefetched too; without it, none is started there. The masks equal
+    the synchronous backend's at every step either way."""
+    spec = GrammarSpec.regex(r'\{"answer": "(yes|no)", "id": [0-9]{3}\}')
+    forced_backend = create_grammar_backend(
+        "llguidance", tokenizer(), VOCAB, [STOP], prefetch_forced=True
+    )
+    text = '{"answer": "yes", "id": 123}'
+    for b, prefetch_forced in ((forced_backend, True), (backend("llguidance"), False)):
+        m, ref = b.compile(spec).matcher(), sync_backend().compile(spec).matcher()
+        forced_states = 0
+        for token in [*encode(text), STOP]:
+            if m.forced_tokens():
+                forced_states += 1
+                started = m._job is not None or m._ready  # type: ignore[attr-defined]
+                assert started == prefetch_forced
+            mask = row(m)
+            assert torch.equal(mask, row(ref))
+            assert allowed(mask[None], token)
+            assert m.accept_token(token) and ref.accept_token(token)
+        assert forced_states > 0
