@@ -63,13 +63,11 @@ def _attend(  # type: ignore[no-untyped-def]
     60% of the copy ceiling; moving the bits with integer ops instead: 868 us (BENCHMARKS.md,
     seventh session). Every e4m3 value is exact in float16; a bf16 q loses range beyond 65504.
     NOTE: V_STAGED: a V tile is the dot's second operand with its rows (keys) as the reduction,
-    and mma wants consecutive keys per register; for 16-bit tiles ldmatrix.trans transposes, for
-    8-bit ones nothing does, so a conversion sunk into the operand layout reads V byte by byte
-    (128 ld.shared.b8 per thread per tile, 907 PTX instructions per iteration vs 310 for bf16;
-    benchmarks/ptx_loop.py).
-    Converted where it was loaded, V goes through shared memory as float16 and ldmatrix.trans
-    (651 instructions): at batch 512, kv 1536, 632 -> 506 us, 61% -> 76% of the copy ceiling
-    (FlashInfer's fp8 decode: 679 us; BENCHMARKS.md, ninth session)."""
+    and mma wants consecutive keys per register; ldmatrix.trans transposes 16-bit tiles, nothing
+    transposes 8-bit ones, so a conversion sunk into the operand reads V byte by byte (128
+    ld.shared.b8 per thread per tile; benchmarks/ptx_loop.py). Converted where loaded, V goes
+    through shared memory as float16 and ldmatrix.trans: at batch 512, kv 1536, 632 -> 506 us,
+    61% -> 76% of copy (FlashInfer's fp8 decode: 679 us; BENCHMARKS.md, ninth session)."""
     if FP16_DOTS:
         q = q.to(tl.float16)
     offs_d = tl.arange(0, BLOCK_D)
