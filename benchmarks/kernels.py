@@ -248,6 +248,23 @@ def flashinfer_decode_ms(args: dict, bsz: int, kv_len: int) -> float | None:
     return time_ms(lambda: wrapper.run(args["q"], cache))
 
 
+def share_prefixes(
+    args: dict, groups: int, size: int, prefix: int
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Make each group of `size` consecutive requests of decode_setup's `args` read its leader's
+    first `prefix` slots; SharedPrefix's block tensors for them, and the kv_starts."""
+    table, rows = args["req_to_token"], args["req_rows"]
+    members = torch.arange(groups * size, device="cuda").view(groups, size)
+    for g in range(groups):
+        table[rows[members[g, 1:]], :prefix] = table[rows[members[g, 0]], :prefix]
+    blocks = {
+        "block_members": members.to(torch.int32),
+        "block_rows": rows[members[:, 0]].to(torch.int32),
+        "block_lens": torch.full((groups,), prefix, dtype=torch.int32, device="cuda"),
+    }
+    return blocks, torch.full((groups * size,), prefix, dtype=torch.int32, device="cuda")
+
+
 def bench_shared_prefix(ceiling: float) -> None:
     """Decode over a prefix shared by groups of requests: read once per group (SharedPrefix) vs
     once per request, at the runtime's split counts and a sweep of the prefix kernel's launch;
@@ -259,21 +276,11 @@ def bench_shared_prefix(ceiling: float) -> None:
     for groups in (4, 16):
         bsz, prefix, own = groups * 16, 2048, 256
         args = decode_setup(bsz, prefix + own)
-        table, rows = args["req_to_token"], args["req_rows"]
-        members = torch.arange(bsz, device="cuda").view(groups, 16)
-        for g in range(groups):  # every member reads its group leader's prefix slots
-            table[rows[members[g, 1:]], :prefix] = table[rows[members[g, 0]], :prefix]
+        blocks, starts = share_prefixes(args, groups, 16, prefix)
         splits = decode_num_kv_splits(bsz, 8, own, sms)
         plain = time_ms(partial(decode_attention, **args, num_kv_splits=decode_num_kv_splits(
             bsz, 8, prefix + own, sms)))  # fmt: skip
-        starts = torch.full((bsz,), prefix, dtype=torch.int32, device="cuda")
         ideal = (groups * prefix + bsz * own) * 8 * 128 * 2 * 2 / (ceiling * 1e6)
-
-        blocks = {
-            "block_members": members.to(torch.int32),
-            "block_rows": rows[members[:, 0]].to(torch.int32),
-            "block_lens": torch.full((groups,), prefix, dtype=torch.int32, device="cuda"),
-        }
         configs: list[tuple[int, dict[str, int]]] = [
             (decode_num_kv_splits(groups, 8, prefix, sms), {})  # the runtime's pick
         ] + [

@@ -7,7 +7,14 @@ from functools import partial
 
 import torch
 
-from kernels import decode_bytes, decode_setup, flashinfer_decode_ms, sweep_launches, time_ms
+from kernels import (
+    decode_bytes,
+    decode_setup,
+    flashinfer_decode_ms,
+    share_prefixes,
+    sweep_launches,
+    time_ms,
+)
 
 
 def bench_decode_fp8_tune(ceiling: float) -> None:
@@ -99,16 +106,7 @@ def bench_prefix_decode_fp8(ceiling: float) -> None:
         args = decode_setup(bsz, prefix + own)
         args["k_buffer"] = args["k_buffer"].to(torch.float8_e4m3fn)
         args["v_buffer"] = args["v_buffer"].to(torch.float8_e4m3fn)
-        table, rows = args["req_to_token"], args["req_rows"]
-        members = torch.arange(bsz, device="cuda").view(groups, size)
-        for g in range(groups):  # every member reads its group leader's prefix slots
-            table[rows[members[g, 1:]], :prefix] = table[rows[members[g, 0]], :prefix]
-        blocks = {
-            "block_members": members.to(torch.int32),
-            "block_rows": rows[members[:, 0]].to(torch.int32),
-            "block_lens": torch.full((groups,), prefix, dtype=torch.int32, device="cuda"),
-        }
-        starts = torch.full((bsz,), prefix, dtype=torch.int32, device="cuda")
+        blocks, starts = share_prefixes(args, groups, size, prefix)
         splits = decode_num_kv_splits(bsz, 8, own, sms)
         ideal = (groups * prefix + bsz * own) * 8 * 128 * 2 / (ceiling * 1e6)
 

@@ -147,7 +147,7 @@ def extend_attention(
     block_m: int | None = None,
     block_n: int | None = None,
     num_warps: int | None = None,
-    pack_gqa: bool | None = None,
+    pack_gqa: bool = False,
 ) -> torch.Tensor:
     """Causal attention of the new tokens over prefix + new tokens; returns `out`.
 
@@ -157,8 +157,8 @@ def extend_attention(
 
     `max_extend_len` (>= every extend_lens[b]) sizes the grid; pass it from the CPU copy to avoid a
     device sync. `pack_gqa`: one program serves all H / Hkv q heads of a kv head, so each K/V tile
-    is loaded once for them (None: off, see the NOTE below). `block_m` counts query
-    rows: new tokens unpacked, (token, head) pairs packed.
+    is loaded once for them (off by default, see the NOTE below). `block_m` counts query rows:
+    new tokens unpacked, (token, head) pairs packed.
     """
     tokens, heads, dim = q.shape
     bsz = req_rows.shape[0]
@@ -186,12 +186,13 @@ def extend_attention(
     # shape measured (prefill 8 x 2048, 8 x (1024 + 1024), 64 x (2048 cached + 128), bf16 and fp8
     # pools; BENCHMARKS.md, tenth session). Unpacked over an fp8 pool, 128 x 128 tiles under 8
     # warps were best (+13-15% over 64 x 64 at 64 x (2048 + 128)); over bf16, 64 x 64 under 4.
-    packed_m = block_m or (32 if fp32 else 128 if dim <= 128 else 64)
-    if pack_gqa is None:
-        pack_gqa = False
     fp8_pool = k_buffer.element_size() == 1 and not fp32
-    block_m = packed_m if pack_gqa else block_m or (32 if fp32 else 128 if fp8_pool else 64)
-    block_n = block_n or (16 if fp32 else 128 if fp8_pool and not pack_gqa else 64)
+    if pack_gqa:
+        block_m = block_m or (32 if fp32 else 128 if dim <= 128 else 64)
+        block_n = block_n or (16 if fp32 else 64)
+    else:
+        block_m = block_m or (32 if fp32 else 128 if fp8_pool else 64)
+        block_n = block_n or (16 if fp32 else 128 if fp8_pool else 64)
     assert block_m >= 16 and block_n >= 16, (block_m, block_n)
     pack = group if pack_gqa else 1
     assert block_m >= pack, f"block_m {block_m} < {group} q heads per kv head: it cannot pack them"

@@ -22,12 +22,8 @@ class GrammarMasks:
     also a device copy of it, refreshed per step for the rows that step uses)."""
 
     def __init__(self, max_reqs: int, vocab_size: int, device: torch.device, fused: bool) -> None:
-        self.max_reqs, self.vocab_size, self.device, self.fused = (
-            max_reqs,
-            vocab_size,
-            device,
-            fused,
-        )
+        self.max_reqs, self.vocab_size = max_reqs, vocab_size
+        self.device, self.fused = device, fused
         self.bitmask: torch.Tensor | None = None  # allocated on first use
         self._on_device: torch.Tensor | None = None
         # per constrained request and step: ns the scheduler thread spent in fill_bitmask (a mask

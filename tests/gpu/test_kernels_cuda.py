@@ -168,14 +168,14 @@ def test_fp8_decode_with_v_staged_or_sunk(
 
 EXTEND_CASES = [
     # batch, heads, kv heads, head dim, page size, max prefix, max extend, dtype, pack_gqa
-    (8, 32, 8, 128, 16, 1500, 1024, torch.bfloat16, None),
+    (8, 32, 8, 128, 16, 1500, 1024, torch.bfloat16, True),
     (8, 32, 8, 128, 16, 1500, 1024, torch.bfloat16, False),
-    (6, 32, 32, 128, 1, 700, 600, torch.bfloat16, None),
-    (5, 64, 8, 64, 16, 0, 2048, torch.bfloat16, None),
-    (16, 32, 8, 128, 16, 2000, 1, torch.bfloat16, None),
-    (24, 32, 8, 128, 16, 2048, 128, torch.bfloat16, None),  # prefix sharing's extend
-    (7, 28, 4, 128, 16, 900, 300, torch.float16, None),  # G = 7: 18 tokens x 7 + 2 rows
-    (4, 32, 8, 128, 16, 300, 300, torch.float32, None),
+    (6, 32, 32, 128, 1, 700, 600, torch.bfloat16, False),
+    (5, 64, 8, 64, 16, 0, 2048, torch.bfloat16, True),
+    (16, 32, 8, 128, 16, 2000, 1, torch.bfloat16, True),
+    (24, 32, 8, 128, 16, 2048, 128, torch.bfloat16, False),  # prefix sharing's extend
+    (7, 28, 4, 128, 16, 900, 300, torch.float16, True),  # G = 7: 18 tokens x 7 + 2 rows
+    (4, 32, 8, 128, 16, 300, 300, torch.float32, True),
     (4, 32, 8, 128, 16, 300, 300, torch.float32, False),
 ]
 
@@ -192,7 +192,7 @@ def test_extend_attention(
     max_prefix: int,
     max_ext: int,
     dtype: torch.dtype,
-    pack_gqa: bool | None,
+    pack_gqa: bool,
 ) -> None:
     prefix = ragged(bsz, 0, max_prefix)
     ext = ragged(bsz, 1, max_ext)
