@@ -94,38 +94,55 @@ def bench_decode_fp8_peer(ceiling: float) -> None:
 def bench_prefix_decode_fp8(ceiling: float) -> None:
     """Decode of the prefix-sharing benchmark's batch (64 groups x 16 requests on a 2048-token
     prefix, fp8 pool): the runtime's launch, then sweeps of the prefix kernel's launch (own kernel
-    at its default) and of the per-request kernel's (prefix kernel at the runtime's); the roofline
-    counts the shared KV once and each request's own KV once, at 1 byte per element."""
+    at its default) and of the per-request kernel's (prefix kernel at the runtime's); also with
+    the block tensors padded to a CUDA graph's capacity at batch 1024 (128 blocks, half empty).
+    The roofline counts the shared KV once and each request's own KV once, at 1 byte per element."""
     from weft.kernels import SharedPrefix, decode_attention, decode_num_kv_splits
+    from weft.runtime.shared_prefix import max_blocks, prefix_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     groups, size, prefix = 64, 16, 2048
     bsz = groups * size
     print(f"\nprefix-sharing decode, fp8 pool, {groups} groups x {size}, prefix {prefix}")
-    for own in (160, 384):
+    for own, padded in ((160, False), (160, True), (384, False)):
         args = decode_setup(bsz, prefix + own)
         args["k_buffer"] = args["k_buffer"].to(torch.float8_e4m3fn)
         args["v_buffer"] = args["v_buffer"].to(torch.float8_e4m3fn)
         blocks, starts = share_prefixes(args, groups, size, prefix)
+        if padded:  # empty blocks up to the graph's capacity
+            extra = max_blocks(bsz) - groups
+            blocks = {
+                "block_members": torch.cat([blocks["block_members"],
+                                            blocks["block_members"].new_full((extra, size), -1)]),
+                "block_rows": torch.cat([blocks["block_rows"], blocks["block_rows"][:extra] * 0]),
+                "block_lens": torch.cat([blocks["block_lens"], blocks["block_lens"][:extra] * 0]),
+            }  # fmt: skip
+        nb = blocks["block_lens"].numel()
         splits = decode_num_kv_splits(bsz, 8, own, sms)
+        runtime_splits = prefix_splits(prefix, nb, 8)
         ideal = (groups * prefix + bsz * own) * 8 * 128 * 2 / (ceiling * 1e6)
 
         fixed = {**args, "num_kv_splits": splits, "kv_starts": starts}
 
         def run(
-            prefix_launch: dict, own_launch: dict, fixed: dict = fixed, blocks: dict = blocks
+            prefix_launch: dict,
+            own_launch: dict,
+            fixed: dict = fixed,
+            blocks: dict = blocks,
+            runtime_splits: int = runtime_splits,
         ) -> float:
-            shared = SharedPrefix(**blocks, **{"num_splits": 4, **prefix_launch})
+            shared = SharedPrefix(**blocks, **{"num_splits": runtime_splits, **prefix_launch})
             return time_ms(partial(decode_attention, **fixed, shared=shared, **own_launch))
 
         base = run({}, {})
-        print(f"  own {own}: runtime launch {base * 1e3:.1f} us; roofline {ideal * 1e3:.1f} us "
-              f"({ideal / base:.0%}); own kernel splits {splits}")  # fmt: skip
+        print(f"  own {own}, {nb} blocks: runtime launch {base * 1e3:.1f} us (prefix splits "
+              f"{runtime_splits}); roofline {ideal * 1e3:.1f} us ({ideal / base:.0%}); own "
+              f"kernel splits {splits}")  # fmt: skip
         prefix_grid = [{"num_splits": sp, "block_n": bn, "num_warps": w}
-                       for sp in (2, 4, 8) for bn in (64, 128) for w in (4, 8)]  # fmt: skip
-        own_grid = [{"block_n": bn, "num_warps": w, "num_stages": st}
-                    for bn in (64, 128) for w in (4, 8) for st in (2, 3)]  # fmt: skip
+                       for sp in (1, 2, 4) for bn in (64, 128) for w in (4, 8)]  # fmt: skip
+        own_grid = [{"block_n": bn, "num_warps": 4, "num_stages": st}
+                    for bn in (64, 128) for st in (2, 3)]  # fmt: skip
         for name, grid, as_prefix in (("prefix", prefix_grid, True), ("own", own_grid, False)):
             times = sorted((run(c, {}) if as_prefix else run({}, c), i) for i, c in enumerate(grid))
-            best = ", ".join(f"{ms * 1e3:.1f} us {grid[i]}" for ms, i in times[:3])
+            best = ", ".join(f"{ms * 1e3:.1f} us {grid[i]}" for ms, i in times[:4])
             print(f"    {name} kernel, best of {len(grid)}: {best}")

@@ -338,7 +338,8 @@ def decode_attention(
         raise ValueError("decode_attention: fp8_v_staged needs an fp8 pool, a 16-bit q, CUDA")
     # NOTE: float32 tiles are halved: at 64 keys the fp32 (FMA) dot spills on sm_90 (ptxas report)
     # an fp8 pool: 128 keys per tile keep a tile's bytes those of 64 bf16 keys (measured best)
-    block_n = block_n or (32 if fp32 else 128 if k_buffer.element_size() == 1 else 64)
+    default_n = 32 if fp32 else 128 if k_buffer.element_size() == 1 else 64
+    block_n = block_n or default_n
     assert num_kv_splits >= 1 and block_n >= 16, (num_kv_splits, block_n)
     prefix_splits, prefix_block_n = 0, 16  # nothing shared: the reduce reads no prefix column
     if shared is not None:
@@ -347,7 +348,9 @@ def decode_attention(
         for name in ("block_members", "block_rows", "block_lens"):
             t = getattr(shared, name)
             check_tensor(t, name, tuple(t.shape), INDEX_DTYPES, dev)
-        prefix_splits, prefix_block_n = shared.num_splits, shared.block_n or (32 if fp32 else 64)
+        # fp8: 128 keys per prefix tile too (H200, 64 prefixes of 2048 shared by 16, 4 splits:
+        # 430 vs 452 us for both kernels)
+        prefix_splits, prefix_block_n = shared.num_splits, shared.block_n or default_n
     if bsz == 0:
         return out
     width = num_kv_splits + prefix_splits

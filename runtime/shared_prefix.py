@@ -13,6 +13,9 @@ MIN_SHARED_TOKENS = 256  # shorter shared prefixes are cheaper read per request
 MEMBERS_PER_BLOCK = 16  # requests whose queries one attention program takes over the prefix
 BLOCKS_PER_REQUESTS = 8  # at most one block per 8 requests of the batch (see max_blocks)
 PREFIX_SPLITS = 4  # splits of a block's prefix (H200 sweep: 4 beat 8 and 16 at 4 and 16 groups)
+# programs of the prefix kernel worth having (H200, fp8, 64 blocks of 2048 x 8 kv heads: 1 split
+# 353 us, 2 splits 380, 4 splits 430, both kernels)
+PREFIX_PROGRAMS = 512
 
 
 @dataclass(frozen=True)
@@ -104,10 +107,11 @@ def plan_shared_prefixes(
     return SharedPrefixPlan(kv_starts, block_members, block_rows, block_lens)
 
 
-def prefix_splits(prefix_len: int) -> int:
-    """Splits of a block's prefix of (at most) prefix_len tokens: PREFIX_SPLITS, at least 256
-    tokens each."""
-    return max(1, min(PREFIX_SPLITS, prefix_len // 256))
+def prefix_splits(prefix_len: int, num_blocks: int, num_kv_heads: int) -> int:
+    """Splits of each of `num_blocks` blocks' prefixes of (at most) prefix_len tokens: enough for
+    about PREFIX_PROGRAMS programs in all, at most PREFIX_SPLITS, at least 256 tokens each."""
+    enough = -(-PREFIX_PROGRAMS // max(1, num_blocks * num_kv_heads))
+    return max(1, min(PREFIX_SPLITS, prefix_len // 256, enough))
 
 
 def max_blocks(batch_size: int) -> int:

@@ -74,6 +74,28 @@ def save_word_tokenizer(folder: Path, vocab_size: int) -> None:
     fast.save_pretrained(folder)
 
 
+def save_byte_tokenizer(folder: Path) -> int:
+    """A byte-level tokenizer (GPT-2's byte alphabet, no merges: text encodes to its UTF-8 bytes)
+    with <pad> 0, <s> 1, </s> 2 and the 256 bytes at 3..258, built offline: random-weight models
+    that must write any text (JSON, regexes) without the packaged model. Returns its size, 259."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>"]
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {s: i for i, s in enumerate(specials)}
+    vocab.update({ch: len(specials) + i for i, ch in enumerate(sorted(alphabet))})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True) for s in specials])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+    )
+    fast.save_pretrained(folder)
+    return len(vocab)
+
+
 def free_port() -> int:
     import socket
 

@@ -78,7 +78,8 @@ class TritonAttentionBackend(AttentionBackend):
         starts, members, rows, lens = self._static
         assert starts.numel() >= bs, "capture the largest size first"
         self.kv_starts = starts[:bs]
-        self.shared = SharedPrefix(members[:nb], rows[:nb], lens[:nb], prefix_splits(self._context))
+        splits = prefix_splits(self._context, nb, self.pool.num_kv_heads)
+        self.shared = SharedPrefix(members[:nb], rows[:nb], lens[:nb], splits)
 
     def prepare_replay(self, batch: ForwardBatch, padded_size: int, shared: bool = False) -> None:
         if not shared:  # the graph without the shared-prefix kernel reads no plan buffer
@@ -183,7 +184,8 @@ class TritonAttentionBackend(AttentionBackend):
 
     def _eager_plan(self, plan: SharedPrefixPlan) -> tuple[torch.Tensor, SharedPrefix]:
         starts, members, rows, lens = self._upload(plan, len(plan.kv_starts), plan.num_blocks)
-        return starts, SharedPrefix(members, rows, lens, prefix_splits(max(plan.block_lens)))
+        splits = prefix_splits(max(plan.block_lens), plan.num_blocks, self.pool.num_kv_heads)
+        return starts, SharedPrefix(members, rows, lens, splits)
 
     def _upload(
         self, plan: SharedPrefixPlan, n: int, nb: int

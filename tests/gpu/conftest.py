@@ -1,13 +1,15 @@
-"""Fixtures of the CUDA tests: a small random Llama saved as an HF folder with a word tokenizer."""
+"""Fixtures of the CUDA tests: small random Llamas saved as HF folders, with a word tokenizer or a
+byte-level one (for constrained outputs; the packaged model is not on the device)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import save_word_tokenizer
+from tests.conftest import save_byte_tokenizer, save_word_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +24,24 @@ def random_llama_d64(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _random_llama(tmp_path_factory, 512)
 
 
-def _random_llama(tmp_path_factory: pytest.TempPathFactory, hidden: int) -> Path:
+@pytest.fixture(scope="module")
+def byte_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 4-layer random Llama over 512 ids with a byte-level tokenizer of 259: it can write any
+    text, and its logit rows are wider than the tokenizer (the padded ids must stay masked)."""
+    return _random_llama(tmp_path_factory, 256, vocab_size=512, tokenizer=save_byte_tokenizer)
+
+
+def _random_llama(
+    tmp_path_factory: pytest.TempPathFactory,
+    hidden: int,
+    vocab_size: int = 4096,
+    tokenizer: Callable[[Path], object] | None = None,
+) -> Path:
     import transformers
 
     folder = tmp_path_factory.mktemp("gpu-llama")
     config = transformers.LlamaConfig(
-        vocab_size=4096,
+        vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=512,
         num_hidden_layers=4,
@@ -40,5 +54,8 @@ def _random_llama(tmp_path_factory: pytest.TempPathFactory, hidden: int) -> Path
     )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    save_word_tokenizer(folder, 4096)
+    if tokenizer is None:
+        save_word_tokenizer(folder, vocab_size)
+    else:
+        tokenizer(folder)
     return folder

@@ -31,15 +31,15 @@ REGEX = r"(yes|no), [0-9]{1,3}(\.[0-9])?"
 
 @pytest.mark.parametrize("unfused", [False, True])
 def test_constrained_requests_among_unconstrained_ones_stay_valid(
-    tiny_model_dir: Path, unfused: bool
+    byte_llama: Path, unfused: bool
 ) -> None:
-    """40 requests; those at a few far-apart positions (hence request slots) are constrained, at
+    """40 requests to a random model with a byte-level tokenizer; those at a few far-apart positions (hence request slots) are constrained, at
     temperature 0 and 1: every JSON output validates and every regex output fullmatches."""
     kinds = {0: "json", 3: "regex", 17: "json", 18: "regex", 38: "json"}
     prompts, params = [], []
     for i in range(40):
         p: dict[str, object] = {
-            "max_new_tokens": 96,
+            "max_new_tokens": 192,
             "temperature": (i % 2) * 1.0,
             "sampling_seed": i,
         }
@@ -52,7 +52,7 @@ def test_constrained_requests_among_unconstrained_ones_stay_valid(
         prompts.append(f"Request {i}: answer briefly.")
         params.append(p)
     with weft.Engine(
-        str(tiny_model_dir), device="cuda", dtype="bfloat16", disable_fused_kernels=unfused
+        str(byte_llama), device="cuda", dtype="bfloat16", disable_fused_kernels=unfused
     ) as eng:
         outs = eng.generate(prompts, params)
         fills = eng.get_state()["mask_fill"]

@@ -120,3 +120,18 @@ def test_block_limit_keeps_the_groups_that_save_the_most_reads() -> None:
     assert plan is not None and plan.kv_starts == [40, 40, 40] + [12] * 5
     assert plan_shared_prefixes(reqs, min_tokens=1, block_limit=0) is None
     assert max_blocks(7) == 1 and max_blocks(256) == 32
+
+
+def test_prefix_splits_aim_at_enough_programs() -> None:
+    """Splits per prefix: about PREFIX_PROGRAMS programs over all blocks and kv heads, at most
+    PREFIX_SPLITS, at least 256 tokens each, never 0."""
+    from weft.runtime.shared_prefix import PREFIX_PROGRAMS, PREFIX_SPLITS, prefix_splits
+
+    assert PREFIX_PROGRAMS == 512 and PREFIX_SPLITS == 4
+    assert prefix_splits(2048, 64, 8) == 1  # 64 groups: 512 programs in one split
+    assert prefix_splits(2048, 32, 8) == 2
+    assert prefix_splits(2048, 16, 8) == 4
+    assert prefix_splits(2048, 4, 8) == 4  # few blocks: capped
+    assert prefix_splits(600, 4, 8) == 2  # 256 tokens per split at least
+    assert prefix_splits(100, 4, 8) == 1
+    assert prefix_splits(2048, 0, 8) == 4
