@@ -166,13 +166,25 @@ def test_headline_ratios() -> None:
         ]
     )
     values = {metric.split(",")[0]: value for metric, value, _ in rows}
+    assert len(values) == len(rows), "two metrics share a name before the first comma"
     assert values["offline output tok/s"] == "1,000"
     assert values["weft / HF transformers"] == "10.00×"
     assert values["shared prefixes: radix cache on / off"] == "4.00×"
     assert values["no shared prefix: radix cache on / off"] == "1.000"
     assert values["JSON schema vs unconstrained"].startswith("+3.0%")
+    assert len(rows) == 8  # no decode step times given: no decode-only row
     assert values["ablation: [triton"] == "0.50"
     assert values["FlashInfer / Triton (both eager)"] == "2.00"
+
+
+def test_headline_constrained_decode_steps_alone() -> None:
+    """With the scheduler's step times, a second row compares the decode steps alone."""
+    con, free = result("constrained", 100, 1.2), result("unconstrained", 100, 1.0)
+    con.extra["steps"] = {"decode": {"steps": 99, "total_s": 0.505}}
+    free.extra["steps"] = {"decode": {"steps": 99, "total_s": 0.5}}
+    rows = offline_report.headline([con, free])
+    assert [r[1][:6] for r in rows] == ["+20.0%", "+1.0% "]
+    assert "decode steps' time per output token" in rows[1][0]
 
 
 ##### End to end #####
