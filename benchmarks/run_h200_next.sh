@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# What the tenth session built but could not measure on one H200, as device calls (each < 600 s),
-# after the device-wheels install line (pin llguidance to the pyproject's version: the script's
-# default wheel is older and the grammar backend then fails to start):
-#   bash benchmarks/run_h200_next.sh checks   # GPU tests of the new code; constrained decoding at
-#                                             # batch 32 (mask fill on the host, overhead)
+# What is left to measure on one H200, as device calls (each < 600 s), after the device-wheels
+# install line. Carry two extras in .whl: llguidance 1.9.1 in place of the script's default
+# (older: the grammar backend fails to start) and jsonschema with its dependencies (the GPU
+# grammar test validates with it): `pip download llguidance==1.9.1 jsonschema
+# jsonschema-specifications referencing attrs --no-deps` plus rpds-py for cp312 manylinux.
+#   bash benchmarks/run_h200_next.sh checks   # the GPU grammar test; constrained decoding at
+#                                             # batch 32 with mask step batches off and on
+#                                             # (WEFT_MASK_BATCH), fill p50 / p99 and overhead
 #   bash benchmarks/run_h200_next.sh tune     # launch sweeps of the prefix-sharing decode (fp8)
-#   bash benchmarks/run_h200_next.sh nogap    # the no-sharing gap: host vs device per decode step,
-#                                             # radix cache on and off, 128 x 2176/256
-#   bash benchmarks/run_h200_fp8.sh prefix    # then prefix sharing with the new kernels
+#   bash benchmarks/run_h200_next.sh nogap    # host vs device per decode step, radix cache on
+#                                             # and off, 128 x 2176/256
+#   bash benchmarks/run_h200_fp8.sh prefix    # prefix sharing end to end
 # NOTE: never `git checkout HEAD -- ...` on the device: its copy carries the .git of the landed
 # main, so that restores the session's starting code (tenth session, calls 4-5).
 # Logs under $OUT (or ./h200-logs).
@@ -16,11 +19,14 @@ OUT=${OUT:-h200-logs}; mkdir -p "$OUT"
 PYTEST="python3 -m pytest -q -p no:cacheprovider"
 case "${1:-}" in
   checks)
-    timeout "${TEST_S:-300}" $PYTEST tests/gpu/test_grammar_cuda.py tests/gpu/test_kernels_cuda.py \
-      tests/gpu/test_shared_prefix_cuda.py 2>&1 | tail -5 | tee "$OUT/tests.log"
+    timeout "${TEST_S:-120}" $PYTEST tests/gpu/test_grammar_cuda.py 2>&1 | tail -5 \
+      | tee "$OUT/tests.log"
     cd benchmarks
-    timeout "${CON_S:-160}" python3 offline.py --mode constrained --no-hf \
-      --output-file "$OUT/constrained.json" 2>&1 | tee "$OUT/constrained.log" | grep "^|\|mask"
+    for batch in 0 1; do
+      WEFT_MASK_BATCH=$batch timeout "${CON_S:-120}" python3 offline.py --mode constrained \
+        --no-hf --output-file "$OUT/constrained_$batch.json" 2>&1 \
+        | tee "$OUT/constrained_$batch.log" | grep "^| con\|^| JSON"
+    done
     ;;
   tune)
     cd benchmarks

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from contextlib import AbstractContextManager
 from typing import Any
 
 from weft.constrain.base import (
@@ -19,6 +20,15 @@ from weft.constrain.vocab import TokenSpace, token_space
 BACKENDS = ("llguidance", "outlines")
 DEFAULT_BACKEND = "llguidance"  # measured: see benchmarks/constrain.py
 DEFAULT_JSON_WHITESPACE = 16
+
+
+def prefetch_batch() -> AbstractContextManager[None]:
+    """Masks whose prefetch starts inside (the tokens a step's requests accept) are computed
+    together once it closes, in parallel (llguidance with WEFT_MASK_BATCH=1, opt-in while it is
+    measured; otherwise, and for the other backends, nothing changes)."""
+    from weft.constrain.llguidance_prefetch import MASK_WORKER
+
+    return MASK_WORKER.batch()
 
 
 def create_grammar_backend(
@@ -75,4 +85,5 @@ __all__ = [
     "allocate_bitmask",
     "apply_bitmask",
     "create_grammar_backend",
+    "prefetch_batch",
 ]

@@ -147,7 +147,5 @@ class LLGuidanceMatcher(GrammarMatcher):
         if job is None:
             return
         self._job = None
-        job.done.acquire()  # released by the worker
-        if job.error is not None:
-            raise job.error
+        job.wait()  # released by the worker
         self._ready = True

@@ -1,71 +1,160 @@
-"""Mask prefetch for llguidance matchers: one background thread computing queued masks in order."""
+"""Mask prefetch for llguidance matchers: one background thread computing queued masks, a step's
+masks at once on the library's thread pool (`MASK_WORKER.batch()`), others one by one in order."""
 
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 Finish = Callable[[int], None]  # runs on the worker thread with the mask's address
+Item = tuple[Any, "ctypes.Array[ctypes.c_int32]", Finish, "Job"]
 
 
 class Job:
-    """One mask computation: `done` is held until the worker has written the mask."""
+    """One mask computation: `done` is held until the worker has written the mask (a batch's
+    job: until the mask is computed; its `finish` then runs in `wait`, on the waiting thread)."""
 
-    __slots__ = ("done", "error")
+    __slots__ = ("done", "error", "_finish_here")
 
     def __init__(self) -> None:
         self.done = threading.Lock()
         self.done.acquire()
         self.error: BaseException | None = None
+        self._finish_here: Callable[[], None] | None = None
+
+    def wait(self) -> None:
+        """Block until the mask is finished; raises the worker's error, if any."""
+        self.done.acquire()
+        if self.error is not None:
+            raise self.error
+        if self._finish_here is not None:
+            finish, self._finish_here = self._finish_here, None
+            finish()
 
 
 class MaskWorker:
-    """One daemon thread computing prefetched masks in submission order (started on first use).
+    """One daemon thread computing prefetched masks (started on first use).
 
-    llguidance drops the GIL inside its mask computation, so the caller's thread runs meanwhile.
-    NOTE: one thread on purpose. On the H200 host (16 cores, batch 32, 128k-token vocabulary) the
-    scheduler's p99 fill was 122 us with it, 325 us with 7 Python threads (GIL contention), 689 us
-    with the library's parallel executor over the whole queue and 381 us with executor rounds of
-    7 jobs (a fill waits for its round); see BENCHMARKS.md, sixth session.
+    With `batching`, jobs submitted inside `batch()` (by the thread that opened it) are handed
+    over together when it closes, and computed in parallel by llguidance's executor (its own threads, without the
+    GIL); each is finished by the thread that waits for it (`Job.wait`). Other jobs run one at a
+    time in submission order, finished here. llguidance drops the GIL inside its mask computation,
+    so the caller's thread runs meanwhile.
+    NOTE: one Python thread on purpose: on the H200 host (16 cores, batch 32, 128k-token
+    vocabulary) 7 Python threads gave a 325 us p99 fill against 122 us for one (GIL contention;
+    BENCHMARKS.md, sixth session). A batch takes the GIL once.
     """
 
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Any, ctypes.Array[ctypes.c_int32], Finish, Job]] = (
-            queue.SimpleQueue()
-        )
+    def __init__(self, num_threads: int | None = None) -> None:
+        self._jobs: queue.SimpleQueue[list[Item]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._held: list[Item] | None = None  # jobs of the open batch
+        self._holder: int | None = None  # the thread that opened it
+        self._num_threads = num_threads
+        # batches are opt-in (WEFT_MASK_BATCH=1, for measuring): on the H200 host they cut the
+        # median fill to 1.5 us but raised the p99 to 583 us (finished on this thread then);
+        # finished by the waiters instead, unmeasured there (BENCHMARKS.md, eleventh session)
+        self.batching = os.environ.get("WEFT_MASK_BATCH", "0") == "1"
+        self._executor: Any = None  # llguidance.LLExecutor, built on the first batch
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """With `batching`, jobs this thread submits inside are computed together once it closes
+        (nested: the outermost batch); else nothing changes."""
+        if self._held is not None or not self.batching:
+            yield
+            return
+        self._held, self._holder = [], threading.get_ident()
+        try:
+            yield
+        finally:
+            held, self._held, self._holder = self._held, None, None
+            if held:
+                self._put(held)
 
     def submit(self, matcher: Any, out: ctypes.Array[ctypes.c_int32], finish: Finish) -> Job:
-        """Compute `matcher`'s next mask into `out`, then call `finish(address of out)` on this
-        thread (the job keeps all three alive until it is done)."""
+        """Compute `matcher`'s next mask into `out`, then call `finish(address of out)` on the
+        worker thread (the job keeps all three alive until it is done)."""
+        job = Job()
+        if self._held is not None and self._holder == threading.get_ident():
+            self._held.append((matcher, out, finish, job))
+        else:
+            self._put([(matcher, out, finish, job)])
+        return job
+
+    ##### Internal Helper Functions #####
+
+    def _put(self, items: list[Item]) -> None:
         if self._thread is None:
             with self._start_lock:
                 if self._thread is None:
                     thread = threading.Thread(target=self._run, name="llg-mask", daemon=True)
                     thread.start()
                     self._thread = thread
-        job = Job()
-        self._jobs.put((matcher, out, finish, job))
-        return job
+        self._jobs.put(items)
 
     def _run(self) -> None:
         while True:
-            matcher, out, finish, job = self._jobs.get()
-            try:
-                address = ctypes.addressof(out)
-                matcher.unsafe_compute_mask_ptr(address, ctypes.sizeof(out))
-                finish(address)
-            except BaseException as e:  # noqa: BLE001 - handed to the matcher's thread
-                job.error = e
-            finally:
-                job.done.release()
-            del matcher, out, finish, job  # NOTE: drop references before the next job
+            items = self._jobs.get()
+            if len(items) > 1:
+                self._run_together(items)
+            else:
+                matcher, out, finish, job = items[0]
+                try:
+                    address = ctypes.addressof(out)
+                    matcher.unsafe_compute_mask_ptr(address, ctypes.sizeof(out))
+                    finish(address)
+                except BaseException as e:  # noqa: BLE001 - handed to the matcher's thread
+                    job.error = e
+                finally:
+                    job.done.release()
+                del matcher, out, finish, job
+            del items  # NOTE: drop references before the next jobs
+
+    def _run_together(self, items: list[Item]) -> None:
+        """The items' masks computed in parallel into a scratch block, their jobs released at
+        once: each waiter copies its mask out and finishes it (this thread holds the GIL only
+        briefly, so the scheduler's first fill does not wait for every other job's finish). On
+        a library error, each mask alone, in place (so that an error lands on its own job)."""
+        import llguidance
+
+        size = ctypes.sizeof(items[0][1])
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor(self._num_threads)
+        scratch = torch.empty(len(items) * size // 4, dtype=torch.int32)  # NOTE: uninitialised
+        base = scratch.data_ptr()
+        try:
+            pairs = [(m, k) for k, (m, *_rest) in enumerate(items)]
+            self._executor.unsafe_compute_mask_ptr(pairs, base, size, len(items))
+        except BaseException:  # noqa: BLE001 - each one alone below
+            base = 0
+        for k, (m, out, finish, job) in enumerate(items):
+            if base:
+                job._finish_here = functools.partial(_land, base + k * size, scratch, out, finish)
+            else:
+                try:
+                    m.unsafe_compute_mask_ptr(ctypes.addressof(out), size)
+                    job._finish_here = functools.partial(finish, ctypes.addressof(out))
+                except BaseException as e:  # noqa: BLE001 - handed to the matcher's thread
+                    job.error = e
+            job.done.release()
+
+
+def _land(src: int, keep: torch.Tensor, out: ctypes.Array[ctypes.c_int32], finish: Finish) -> None:
+    """On the waiting thread: a batch's mask (at `src` in the scratch block `keep`) into `out`,
+    then finished."""
+    del keep  # held only so that `src` stays valid until here
+    ctypes.memmove(out, src, ctypes.sizeof(out))
+    finish(ctypes.addressof(out))
 
 
 MASK_WORKER = MaskWorker()

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from weft.constrain import prefetch_batch
 from weft.radix import NoCache, PrefixCache, RadixCache
 from weft.runtime.batch import Batch, ForwardMode
 from weft.runtime.cache_manager import KVCacheManager
@@ -29,7 +30,7 @@ from weft.runtime.model_info import ModelInfo
 from weft.runtime.model_runner import ModelRunner
 from weft.runtime.prefill import PrefillAdder, SharedPrefixGate, decode_reserve, order_waiting
 from weft.runtime.request import Req
-from weft.runtime.step import LaunchedStep, ReqStepResult
+from weft.runtime.step import LaunchedStep
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,16 @@ NEW_TOKEN_RATIO_DECAY = 0.001
 IDLE_POLL_MS = 200
 GRAMMAR_POLL_MS = 2  # while grammars compile, look for finished ones this often
 FOLLOWER_GRAMMAR_TIMEOUT_SCALE = 4  # followers only wait for compiles rank 0 finished
+STATS: dict[str, int] = {  # the scheduler's counters, from zero
+    "retractions": 0,
+    "prompt_tokens": 0,
+    "cached_tokens": 0,
+    "overlapped_steps": 0,  # launched while the step before was still in flight
+    "mixed_steps": 0,  # prefill steps that also decoded running requests
+    # steps launched per kind, and their launch-to-launch wall time in µs (with overlap, the
+    # device's time of each step); a step followed by an idle wait adds no time
+    **{f"{kind}_{unit}": 0 for kind in ("extend", "decode") for unit in ("steps", "us")},
+}
 
 
 class Scheduler(RequestIntake):
@@ -73,19 +84,7 @@ class Scheduler(RequestIntake):
         self.chunked: Req | None = None
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.arrivals = 0
-        self.stats: dict[str, int] = {
-            "retractions": 0,
-            "prompt_tokens": 0,
-            "cached_tokens": 0,
-            "overlapped_steps": 0,  # launched while the step before was still in flight
-            "mixed_steps": 0,  # prefill steps that also decoded running requests
-            # steps launched per kind, and their launch-to-launch wall time in µs (with overlap,
-            # the device's time of each step); a step followed by an idle wait adds no time
-            "extend_steps": 0,
-            "extend_us": 0,
-            "decode_steps": 0,
-            "decode_us": 0,
-        }
+        self.stats = dict(STATS)
         self._last_launch: tuple[str, float] | None = None
         self.checked_idle = True
         scale = 1 if self.is_leader else FOLLOWER_GRAMMAR_TIMEOUT_SCALE
@@ -288,6 +287,8 @@ class Scheduler(RequestIntake):
         kind = "decode" if batch.mode == ForwardMode.DECODE else "extend"
         self.stats[f"{kind}_steps"] += 1
         self._last_launch = (kind, now)
+        if self.inflight is not None and self.inflight.hidden is not None:
+            self.runner.sample(self.inflight)  # deferred (see process_results); before the model
         step = self.runner.launch(batch)
         self.stats["overlapped_steps"] += self.inflight is not None
         for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
@@ -300,11 +301,15 @@ class Scheduler(RequestIntake):
 
     def process_results(self, step: LaunchedStep | None) -> None:
         """Process the step launched before `step` (overlap: while the device runs `step`'s
-        model), then sample `step`; without overlap, wait for `step` and process it."""
+        model), then sample `step`; without overlap, wait for `step` and process it. With
+        overlap a step with grammar masks samples at the next launch (or its processing): the
+        masks just started compute while the loop receives and schedules."""
         older, self.inflight = self.inflight, step
         if older is not None:
             self.finish_step(older)
-        if step is not None:
+        if step is not None and not (
+            self.overlap and self.runner.masks.needed(step.batch.reqs, step.samplers)
+        ):
             self.runner.sample(step)
         if not self.overlap:
             self.settle()
@@ -316,6 +321,14 @@ class Scheduler(RequestIntake):
             self.finish_step(step)
 
     def finish_step(self, step: LaunchedStep) -> None:
+        if step.hidden is not None:  # its sampling was deferred (process_results)
+            self.runner.sample(step)
+        with prefetch_batch():  # the accepts' next masks: computed together when it closes
+            report = self._finish_reqs(step)
+        self.emit(report)
+
+    def _finish_reqs(self, step: LaunchedStep) -> list[Req]:
+        """Add `step`'s tokens to its requests; the requests to report."""
         batch, results = step.batch, step.resolve()
         report: list[Req] = []
         was_running = set(map(id, self.running))
@@ -327,7 +340,7 @@ class Scheduler(RequestIntake):
             if req.finished:  # ended by a token of the step before (overlap): nothing to add
                 continue
             if req.return_logprob:  # (no logprob work on the decode hot path otherwise)
-                self._collect_logprobs(req, res)
+                res.add_logprobs_to(req)
             if req.kv_len < req.seq_len:
                 self.cache.cache_req(req, release=False)  # a chunk: share what is done
                 if req.stream and req.in_logprobs:
@@ -353,19 +366,7 @@ class Scheduler(RequestIntake):
             if req.finished or req.stream:
                 report.append(req)
         self.running = [r for r in self.running + joined if not r.finished]
-        self.emit(report)
-
-    def _collect_logprobs(self, req: Req, res: ReqStepResult) -> None:
-        if res.output_logprob is not None:
-            req.out_logprobs.append(res.output_logprob)
-        if res.output_top is not None:
-            req.out_top_logprobs.append(res.output_top)
-        if res.output_ids_lp is not None:
-            req.out_ids_logprobs.append(res.output_ids_lp)
-        req.in_logprobs += res.input_logprobs
-        req.input_logprob_next += len(res.input_logprobs)
-        req.in_top_logprobs += res.input_top
-        req.in_ids_logprobs += res.input_ids_lp
+        return report
 
     def emit(self, reqs: list[Req]) -> None:
         if reqs and self.channel is not None:

@@ -23,6 +23,19 @@ class ReqStepResult:
     input_top: list[list[tuple[float, int]]] = field(default_factory=list)
     input_ids_lp: list[list[tuple[float, int]]] = field(default_factory=list)
 
+    def add_logprobs_to(self, req: Req) -> None:
+        """Append this step's output and prompt logprobs to the request's."""
+        if self.output_logprob is not None:
+            req.out_logprobs.append(self.output_logprob)
+        if self.output_top is not None:
+            req.out_top_logprobs.append(self.output_top)
+        if self.output_ids_lp is not None:
+            req.out_ids_logprobs.append(self.output_ids_lp)
+        req.in_logprobs += self.input_logprobs
+        req.input_logprob_next += len(self.input_logprobs)
+        req.in_top_logprobs += self.input_top
+        req.in_ids_logprobs += self.input_ids_lp
+
 
 @dataclass(eq=False)
 class LaunchedStep:

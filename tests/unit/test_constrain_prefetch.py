@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 
+import pytest
 import torch
 from test_constrain_support import (
     STOP,
@@ -145,3 +146,123 @@ def test_prefetch_forced_prefetches_forced_states_with_the_same_masks() -> None:
             assert allowed(mask[None], token)
             assert m.accept_token(token) and ref.accept_token(token)
         assert forced_states > 0
+
+
+def lock_step_pairs(n: int) -> tuple[list[tuple[GrammarMatcher, GrammarMatcher]], list[list[int]]]:
+    """Up to n (prefetching, synchronous) matcher pairs over corpus entries, with their tokens."""
+    pairs, ids = [], []
+    for spec, texts in corpus()[:n]:
+        try:
+            fast, slow = backend("llguidance").compile(spec), sync_backend().compile(spec)
+        except GrammarError:
+            continue
+        pairs.append((fast.matcher(), slow.matcher()))
+        ids.append([*encode(texts[0]), STOP])
+    return pairs, ids
+
+
+@pytest.fixture
+def batching(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step batches on (opt-in in the runtime)."""
+    from weft.constrain.llguidance_prefetch import MASK_WORKER
+
+    monkeypatch.setattr(MASK_WORKER, "batching", True)
+
+
+def walk_in_step_batches(pairs: list, ids: list[list[int]]) -> int:
+    """Each step: every matcher's fill checked against the synchronous one, then all accepts
+    inside one prefetch_batch (as the scheduler's finish_step does); the steps walked."""
+    from weft.constrain import prefetch_batch
+
+    steps = 0
+    for t in range(max(map(len, ids))):
+        live = [(a, b, tokens[t]) for (a, b), tokens in zip(pairs, ids, strict=True)
+                if t < len(tokens) and not a.is_terminated()]  # fmt: skip
+        ok = []
+        for a, b, token in live:
+            mask = row(a)
+            assert torch.equal(mask, row(b)), (t, token)
+            steps += 1
+            ok.append(allowed(mask[None], token))
+        with prefetch_batch():
+            for (a, b, token), fine in zip(live, ok, strict=True):
+                if fine:
+                    assert a.accept_token(token) and b.accept_token(token)
+    return steps
+
+
+def test_a_step_batch_computes_its_masks_together(batching: None) -> None:
+    """Accepts inside prefetch_batch() hand their masks over only when it closes, as one batch
+    computed in parallel: every mask equals the synchronous backend's."""
+    from weft.constrain.llguidance_prefetch import MASK_WORKER
+
+    pairs, ids = lock_step_pairs(40)
+    assert len(pairs) >= 30
+    together = MASK_WORKER._run_together
+    sizes: list[int] = []
+
+    def spy(items: list) -> None:
+        sizes.append(len(items))
+        together(items)
+
+    MASK_WORKER._run_together = spy  # type: ignore[method-assign]
+    try:
+        with_batch = MASK_WORKER.batch()
+        with with_batch:
+            a, _ = pairs[0]
+            assert a.accept_token(ids[0][0])
+            assert MASK_WORKER._jobs.empty(), "handed over before the batch closed"
+        row(a)  # joins the one-job batch
+        pairs, ids = lock_step_pairs(40)
+        steps = walk_in_step_batches(pairs, ids)
+    finally:
+        del MASK_WORKER._run_together
+    assert steps > 300 and max(sizes) >= 20, (steps, sizes)
+
+
+def test_a_failing_parallel_compute_falls_back_to_one_by_one(
+    batching: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the library's parallel call raises, each mask is computed alone: still identical."""
+    from weft.constrain.llguidance_prefetch import MASK_WORKER
+
+    class Broken:
+        def unsafe_compute_mask_ptr(self, *args: object) -> None:
+            raise RuntimeError("executor down")
+
+    monkeypatch.setattr(MASK_WORKER, "_executor", Broken())
+    pairs, ids = lock_step_pairs(12)
+    assert walk_in_step_batches(pairs, ids) > 100
+
+
+def test_a_batch_holds_only_its_own_threads_jobs(batching: None) -> None:
+    """A prefetch another thread starts while a batch is open goes to the worker at once."""
+    import threading
+
+    from weft.constrain.llguidance_prefetch import MASK_WORKER
+
+    spec = GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
+    a = backend("llguidance").compile(spec).matcher()
+    b = sync_backend().compile(spec).matcher()
+    token = encode("{")[0]
+    accepted: list[bool] = []
+    with MASK_WORKER.batch():
+        other = threading.Thread(target=lambda: accepted.append(a.accept_token(token)))
+        other.start()
+        other.join()
+        assert accepted == [True] and MASK_WORKER._held == []  # not held by this batch
+        assert a._job is not None and a._job.done.acquire(timeout=10)  # type: ignore[attr-defined]
+        a._job.done.release()  # type: ignore[attr-defined]
+        assert b.accept_token(token) and torch.equal(row(a), row(b))
+
+
+def test_without_batching_a_batch_changes_nothing() -> None:
+    """The default: prefetches inside prefetch_batch() start at once, one by one."""
+    from weft.constrain import prefetch_batch
+    from weft.constrain.llguidance_prefetch import MASK_WORKER
+
+    assert not MASK_WORKER.batching
+    pairs, ids = lock_step_pairs(12)
+    with prefetch_batch():
+        assert MASK_WORKER._held is None
+    assert walk_in_step_batches(pairs, ids) > 100

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,13 @@ def run(
     params: list[SamplingParams],
     abort_at: tuple[int, str] | None = None,
     modes: list[ForwardMode] | None = None,
+    spy: Callable[[Scheduler], None] | None = None,
     **config: Any,
 ) -> tuple[Outputs, Scheduler]:
     cfg = EngineConfig(model=str(model), cpu_threads=1, overlap_schedule=overlap, **config)
     sched = Scheduler(cfg, model, None)
+    if spy is not None:
+        spy(sched)
     done: Outputs = {}
 
     def emit(reqs: list[Any]) -> None:
@@ -147,6 +151,52 @@ def test_grammar_masks_see_every_token(tiny_model_dir: Path, jump_forward: bool)
     for i in done:
         value = json.loads(tok.decode(outs[f"r{i}"][0], skip_special_tokens=True))
         assert set(value) == {"name", "tags", "age"} and 0 <= value["age"] <= 99, value
+
+
+def test_masked_steps_sample_after_the_next_schedule(tiny_model_dir: Path) -> None:
+    """With overlap, a step whose requests sample under grammar masks is sampled only at the next
+    launch (after the next schedule), giving the masks its accepts started time to compute; a
+    step without masks samples right after its launch. Outputs as without overlap."""
+    events: list[tuple[str, int]] = []
+    masked: set[int] = set()
+
+    def spy(sched: Scheduler) -> None:
+        launch, sample, schedule = sched.runner.launch, sched.runner.sample, sched.schedule
+
+        def on_launch(batch: Any) -> Any:
+            step = launch(batch)
+            events.append(("launch", step.number))
+            if any(batch.reqs[i].grammar is not None for i in step.samplers):
+                masked.add(step.number)
+            return step
+
+        def on_sample(step: Any) -> None:
+            events.append(("sample", step.number))
+            sample(step)
+
+        def on_schedule() -> Any:
+            events.append(("schedule", 0))
+            return schedule()
+
+        sched.runner.launch, sched.runner.sample = on_launch, on_sample  # type: ignore[method-assign]
+        sched.schedule = on_schedule  # type: ignore[method-assign]
+
+    params = [greedy(30, json_schema=json.dumps(SCHEMA)) if i % 2 else greedy(50, ignore_eos=True)
+              for i in range(8)]  # fmt: skip
+    outs, _ = run(tiny_model_dir, "on", params, spy=spy)
+    off, _ = run(tiny_model_dir, "off", params)
+    assert outs == off
+    deferred = plain = 0
+    for k, (kind, n) in enumerate(events):
+        if kind != "launch":
+            continue
+        between = events[k + 1 : events.index(("sample", n), k)]
+        if n in masked:
+            deferred += ("schedule", 0) in between
+        else:
+            assert ("schedule", 0) not in between, (n, between)
+            plain += 1
+    assert deferred >= 10 and plain >= 5, (deferred, plain, len(masked))
 
 
 def test_with_overlap_forced_tokens_do_not_break_the_decode_chain(tiny_model_dir: Path) -> None:
