@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-Finish = Callable[[int], None]  # runs on the worker thread with the mask's address
+Finish = Callable[[int], None]  # with the mask's address, once it is computed
 Item = tuple[Any, "ctypes.Array[ctypes.c_int32]", Finish, "Job"]
 
 
@@ -43,14 +43,14 @@ class Job:
 class MaskWorker:
     """One daemon thread computing prefetched masks (started on first use).
 
-    With `batching`, jobs submitted inside `batch()` (by the thread that opened it) are handed
-    over together when it closes, and computed in parallel by llguidance's executor (its own threads, without the
-    GIL); each is finished by the thread that waits for it (`Job.wait`). Other jobs run one at a
-    time in submission order, finished here. llguidance drops the GIL inside its mask computation,
-    so the caller's thread runs meanwhile.
+    Jobs run one at a time in submission order and are finished here. With `batching`, the jobs
+    a thread submits inside `batch()` are handed over together when it closes, computed in
+    parallel by llguidance's executor (its own threads, without the GIL), and each is finished
+    by the thread that waits for it (`Job.wait`). llguidance drops the GIL inside its mask
+    computation, so the caller's thread runs meanwhile.
     NOTE: one Python thread on purpose: on the H200 host (16 cores, batch 32, 128k-token
     vocabulary) 7 Python threads gave a 325 us p99 fill against 122 us for one (GIL contention;
-    BENCHMARKS.md, sixth session). A batch takes the GIL once.
+    BENCHMARKS.md, sixth session).
     """
 
     def __init__(self, num_threads: int | None = None) -> None:
@@ -82,8 +82,9 @@ class MaskWorker:
                 self._put(held)
 
     def submit(self, matcher: Any, out: ctypes.Array[ctypes.c_int32], finish: Finish) -> Job:
-        """Compute `matcher`'s next mask into `out`, then call `finish(address of out)` on the
-        worker thread (the job keeps all three alive until it is done)."""
+        """Compute `matcher`'s next mask into `out`, then call `finish(address of out)`: on the
+        worker thread, or in a batch on the thread that waits for the job (the job keeps all
+        three alive until it is done)."""
         job = Job()
         if self._held is not None and self._holder == threading.get_ident():
             self._held.append((matcher, out, finish, job))

@@ -33,10 +33,6 @@ class GrammarMasks:
         self.apply_ns: deque[int] = deque(maxlen=MASK_FILL_WINDOW)
         self.num_fills = 0
 
-    def needed(self, reqs: list[Req], samplers: list[int]) -> bool:
-        """Whether a request among `samplers` (batch indices) samples under a grammar mask."""
-        return any(reqs[i].grammar is not None and not reqs[i].finished for i in samplers)
-
     def fill(self, reqs: list[Req], samplers: list[int]) -> list[int]:
         """The masks of the constrained requests among `samplers` (batch indices), each in the row
         of its request slot; their batch indices. (A request that ended since the launch, overlap

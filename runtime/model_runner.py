@@ -184,6 +184,7 @@ class ModelRunner:
             if samples(req, n):
                 step.sample_rows.append(offset + n - 1)
                 step.samplers.append(i)
+                step.masked = step.masked or req.grammar is not None
             if batch.mode == ForwardMode.EXTEND and req.owes_input_logprobs:
                 rows = input_logprob_rows(req, offset, n)
                 if rows is not None:

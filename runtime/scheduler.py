@@ -307,9 +307,7 @@ class Scheduler(RequestIntake):
         older, self.inflight = self.inflight, step
         if older is not None:
             self.finish_step(older)
-        if step is not None and not (
-            self.overlap and self.runner.masks.needed(step.batch.reqs, step.samplers)
-        ):
+        if step is not None and not (self.overlap and step.masked):
             self.runner.sample(step)
         if not self.overlap:
             self.settle()

@@ -52,6 +52,7 @@ class LaunchedStep:
     hidden: torch.Tensor | None = None  # the model's output until `sample` has used it
     sample_rows: list[int] = field(default_factory=list)  # hidden rows of the samplers
     in_rows: list[LogprobRows] = field(default_factory=list)  # rows for prompt logprobs
+    masked: bool = False  # a sampler had a grammar at launch
 
     def resolve(self) -> list[ReqStepResult]:
         if self.host_ids is None:
