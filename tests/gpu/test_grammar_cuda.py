@@ -33,8 +33,9 @@ REGEX = r"(yes|no), [0-9]{1,3}(\.[0-9])?"
 def test_constrained_requests_among_unconstrained_ones_stay_valid(
     byte_llama: Path, unfused: bool
 ) -> None:
-    """40 requests to a random model with a byte-level tokenizer; those at a few far-apart positions (hence request slots) are constrained, at
-    temperature 0 and 1: every JSON output validates and every regex output fullmatches."""
+    """40 requests to a random model with a byte-level tokenizer; those at a few far-apart
+    positions (hence request slots) are constrained, at temperature 0 and 1: every JSON output
+    validates and every regex output fullmatches."""
     kinds = {0: "json", 3: "regex", 17: "json", 18: "regex", 38: "json"}
     prompts, params = [], []
     for i in range(40):
