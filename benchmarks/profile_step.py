@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import pstats
 import statistics
 import tempfile
@@ -130,6 +131,12 @@ def profile_scheduler(args: argparse.Namespace) -> None:
         disable_radix_cache=args.no_radix_cache,
     )
     sched = Scheduler(config, folder, channel=None)
+    if args.no_model:
+        host_work_only(sched.runner, hf.hidden_size)
+    if not args.no_gc_freeze:  # as the scheduler process does (ipc.run_child)
+        gc.collect()
+        gc.freeze()
+    gc_time = GcTime()
     all_ids = prompts(args, hf.vocab_size)
     for i, ids in enumerate(all_ids):
         params = SamplingParams(temperature=0, ignore_eos=True)
@@ -156,6 +163,8 @@ def profile_scheduler(args: argparse.Namespace) -> None:
             steps.append((batch.mode.name, len(batch.reqs), *ms))
     trace.report(args.rows)
     total = time.perf_counter() - t_start
+    gc_time.report()
+    gc.unfreeze()  # (else triton's bindings report the frozen objects as leaks at exit)
     out_tokens = len(all_ids) * args.output_len
     print(f"{len(steps)} steps in {total:.2f} s: {out_tokens / total:.0f} output tok/s")
     print("first steps (mode, requests, ms schedule / launch / results):")
@@ -236,6 +245,44 @@ class KernelTrace:
         print(table)
 
 
+def host_work_only(runner: ModelRunner, hidden_size: int) -> None:
+    """The model's forward becomes zeros of the right shape and the attention backend prepares
+    nothing, so a step's time is the host's work; decode steps plan shared prefixes as the triton
+    backend's would (radix cache on). For comparing host code on a machine without a GPU."""
+
+    def zeros(fb: Any, attn: Any) -> torch.Tensor:
+        return torch.zeros(fb.input_ids.numel(), hidden_size, dtype=runner.dtype)
+
+    runner.model.forward = zeros  # type: ignore[method-assign]
+    runner.attn.prepare = lambda fb: None  # type: ignore[method-assign]
+    runner.plan_shared = not runner.config.disable_radix_cache
+
+
+class GcTime:
+    """Count and wall time of the garbage collector's runs per generation, from now on."""
+
+    def __init__(self) -> None:
+        self.runs = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._t0 = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.runs[info["generation"]] += 1
+            self.seconds[info["generation"]] += time.perf_counter() - self._t0
+
+    def report(self) -> None:
+        gc.callbacks.remove(self._on_gc)
+        parts = (
+            f"gen {g}: {n} runs, {s:.3f} s"
+            for g, (n, s) in enumerate(zip(self.runs, self.seconds, strict=True))
+        )
+        print(f"garbage collections ({gc.get_freeze_count()} objects frozen): " + "; ".join(parts))
+
+
 def _print_split(rows: list[tuple[str, int, float, float, float]]) -> None:
     parts = ("schedule", "launch", "results (waits for the device)")
     cols = [[r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows]]
@@ -273,6 +320,12 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=16, help="scheduler: requests per group")
     ap.add_argument("--prefix-len", type=int, default=2048, help="scheduler: shared tokens")
     ap.add_argument("--trace-steps", type=int, default=0, help="scheduler: decode steps to trace")
+    ap.add_argument(
+        "--no-model", action="store_true", help="scheduler: host work only (see host_work_only)"
+    )
+    ap.add_argument(
+        "--no-gc-freeze", action="store_true", help="scheduler: no gc.freeze() after start-up"
+    )
     ap.add_argument("--no-radix-cache", action="store_true", help="scheduler: radix cache off")
     args = ap.parse_args()
     if args.what == "runner":

@@ -22,7 +22,7 @@ from weft.runtime.models import build_model, init_dummy_weights
 from weft.runtime.models.llama import LlamaDecoderLayer, head_dim_of, sliding_window_of
 from weft.runtime.request import Req
 from weft.runtime.sampler import Sampler, SamplingInputs
-from weft.runtime.shared_prefix import plan_shared_prefixes
+from weft.runtime.shared_prefix import PlanCache
 from weft.runtime.step import LaunchedStep, ReqStepResult, input_logprob_rows, samples
 from weft.runtime.transfer import to_device
 
@@ -99,6 +99,7 @@ class ModelRunner:
             and not config.disable_radix_cache
         )
         self.attn.shared_prefix = self.plan_shared
+        self.plans = PlanCache()
         self.sampler = Sampler(hf_config.vocab_size, self.device, config.seed)
         self.graphs: GraphRunner | None = None
         if self.device.type == "cuda" and not config.disable_cuda_graph:
@@ -230,6 +231,7 @@ class ModelRunner:
             row_per_token = req_rows
         else:
             row_per_token = torch.repeat_interleave(req_rows, ext_t, output_size=len(ids))
+            self.plans.clear()
         return ForwardBatch(
             mode=batch.mode,
             input_ids=input_ids,
@@ -241,7 +243,7 @@ class ModelRunner:
             seq_lens_cpu=seq_lens,
             extend_lens_cpu=list(batch.extend_lens),
             shared=(
-                plan_shared_prefixes(batch.reqs)
+                self.plans.plan(batch.reqs)
                 if self.plan_shared and batch.mode == ForwardMode.DECODE
                 else None
             ),
@@ -268,10 +270,7 @@ class ModelRunner:
         if masked:
             self.masks.apply(batch.reqs, step.samplers, masked, logits)
         reqs = [batch.reqs[i] for i in step.samplers]
-        inputs = [
-            SamplingInputs(r.params, r.input_ids, r.output_ids, self._stop_ids(r), r.generator)
-            for r in reqs
-        ]
+        inputs = [r.sampling or self._sampling_inputs(r) for r in reqs]
         out = self.sampler(logits, inputs, want_logprobs=any(r.return_logprob for r in reqs))
         if self.tp is not None:  # every rank continues with rank 0's tokens
             self.tp.broadcast_tokens(out.next_ids)
@@ -285,9 +284,14 @@ class ModelRunner:
         else:
             step.host_ids = out.next_ids
 
-    def _stop_ids(self, req: Req) -> frozenset[int]:
+    def _sampling_inputs(self, req: Req) -> SamplingInputs:
+        """The request's sampler row, built once: it reads the request's own token lists."""
         ids = frozenset(req.params.stop_token_ids)
-        return ids if req.params.ignore_eos else ids | self.stop_ids
+        stop_ids = ids if req.params.ignore_eos else ids | self.stop_ids
+        req.sampling = SamplingInputs(
+            req.params, req.input_ids, req.output_ids, stop_ids, req.generator
+        )
+        return req.sampling
 
     def _input_logprobs(
         self,

@@ -46,6 +46,7 @@ class Req:
     last_node: Any = None  # radix node locked for this request
     finish: FinishReason | None = None
     generator: torch.Generator | None = None
+    sampling: Any = None  # its sampler.SamplingInputs, built when it first samples
     stop_state: Any = None  # scheduler-side stop-string checker, when the request has stops
     grammar: Any = None  # constrain.GrammarMatcher of a constrained request, once compiled
     grammar_handle: Any = None  # constrain.CompileHandle while the grammar compiles

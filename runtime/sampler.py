@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -24,6 +24,17 @@ class SamplingInputs:
     output_ids: Sequence[int]  # frequency/presence penalties and min_new_tokens count these
     stop_ids: frozenset[int]  # model EOS ids | params.stop_token_ids, masked until min_new_tokens
     generator: torch.Generator | None = None  # per-request RNG when sampling_seed is set
+    # argmax of the raw logits, whatever the output so far (the batch fast path: one check)
+    plain: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        p = self.params
+        self.plain = (
+            self.picks_argmax
+            and not p.logit_bias
+            and not p.uses_penalties
+            and not (self.stop_ids and p.min_new_tokens > 0)
+        )
 
     @property
     def picks_argmax(self) -> bool:
@@ -81,7 +92,9 @@ class Sampler:
         assert logits.dim() == 2 and logits.shape[0] == len(rows), (logits.shape, len(rows))
         assert logits.shape[1] >= self.vocab_size, (logits.shape, self.vocab_size)
         assert logits.device.type == self.device.type, (logits.device, self.device)
-        if all(r.picks_argmax for r in rows) and not any(_needs_processing(r) for r in rows):
+        if all(r.plain for r in rows) or (
+            all(r.picks_argmax for r in rows) and not any(map(_needs_processing, rows))
+        ):
             # fast path: argmax on the raw logits (bf16/fp16 -> fp32 is exact and monotonic)
             head = logits[:, : self.vocab_size]  # [B, V]
             logprobs = self._logprobs(head.float(), rows) if want_logprobs else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -105,6 +106,45 @@ def plan_shared_prefixes(
     if not block_lens:
         return None
     return SharedPrefixPlan(kv_starts, block_members, block_rows, block_lens)
+
+
+class PlanCache:
+    """The last decode batch's plan, reused while the batch is the same requests in the same order
+    with the same table rows, locked nodes and prefix lengths (a steady decode: only the
+    requests' own tokens change, and the plan does not depend on them).
+
+    The slots of a locked path are never evicted, and a split of a node on a path (another
+    request's insert) keeps the lower half's identity: every request keeps its deepest shared
+    node and that node's end, so the plan stays what `plan_shared_prefixes` would return.
+    """
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self._reqs: list[Req] = []
+        self._key: tuple[list[Any], list[int], list[int | None]] = ([], [], [])
+        self._plan: SharedPrefixPlan | None = None
+
+    def plan(self, reqs: list[Req]) -> SharedPrefixPlan | None:
+        """plan_shared_prefixes(reqs), from the cache when nothing it depends on has changed."""
+        nodes = [r.last_node for r in reqs]
+        key = (nodes, [r.prefix_len for r in reqs], [r.row for r in reqs])
+        old_nodes, old_lens, old_rows = self._key
+        if (
+            len(reqs) == len(self._reqs)
+            and all(map(operator.is_, reqs, self._reqs))
+            and all(map(operator.is_, nodes, old_nodes))
+            and key[1] == old_lens
+            and key[2] == old_rows
+        ):
+            self.hits += 1
+            return self._plan
+        self._plan = plan_shared_prefixes(reqs)
+        self._reqs, self._key = list(reqs), key
+        return self._plan
+
+    def clear(self) -> None:
+        """Forget the last batch (and let go of its requests)."""
+        self._reqs, self._key, self._plan = [], ([], [], []), None
 
 
 def prefix_splits(prefix_len: int, num_blocks: int, num_kv_heads: int) -> int:

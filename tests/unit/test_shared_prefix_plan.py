@@ -135,3 +135,44 @@ def test_prefix_splits_aim_at_enough_programs() -> None:
     assert prefix_splits(600, 4, 8) == 2  # 256 tokens per split at least
     assert prefix_splits(100, 4, 8) == 1
     assert prefix_splits(2048, 0, 8) == 4
+
+
+def test_plan_cache_reuses_a_plan_only_while_it_would_come_out_the_same() -> None:
+    """A steady decode batch gets the cached plan; a node split on the requests' paths (another
+    prompt's insert) leaves it right; another order, another member, a released request or a
+    moved locked node make a new one. Each answer equals a fresh plan."""
+    from weft.runtime.shared_prefix import PlanCache
+
+    cache = make_cache(1, num_pages=600, max_reqs=16, max_context=64)
+    doc = list(range(100, 130))
+    reqs = [prefilled(cache, f"r{i}", doc + [i, 60 + i]) for i in range(4)]
+    plans = PlanCache()
+
+    def check(batch: list[Req], hit: bool) -> None:
+        hits = plans.hits
+        got = plans.plan(batch)
+        assert plans.hits == hits + hit
+        assert got == plan_shared_prefixes(batch)
+        if got is not None:
+            check_plan(cache, batch, got)
+
+    check(reqs, hit=False)
+    for r in reqs:  # a decode step: tokens and KV grow, the plan does not change
+        r.output_ids.append(7)
+        assert cache.alloc(r, 1)
+        r.kv_len += 1
+    check(reqs, hit=True)
+    first = plans.plan(reqs)
+    # another prompt splits the shared node at 10 tokens: the cached plan is still right
+    other = prefilled(cache, "split", doc[:10] + [900, 901, 902])
+    assert plans.plan(reqs) is first
+    check(reqs, hit=True)
+    check(reqs[::-1], hit=False)
+    check(reqs + [other], hit=False)
+    check(reqs[:3], hit=False)
+    # a request's locked node moves (its output cached): the key changes
+    cache.cache_req(reqs[0], release=False)
+    check(reqs[:3], hit=False)
+    check(reqs[:3], hit=True)
+    plans.clear()
+    check(reqs[:3], hit=False)
