@@ -109,6 +109,7 @@ def token_out(req: Req) -> TokenOut:
         no_stop_trim=p.no_stop_trim,
         stop=list(p.stop),
         decode_prefix=decode_prefix(req),
+        token_by_token=req.stop_state is not None,
         output_logprobs=req.out_logprobs,
         output_top_logprobs=req.out_top_logprobs,
         output_ids_logprobs=req.out_ids_logprobs,

@@ -80,7 +80,11 @@ class RequestIntake:
         problem = self.info.check_request(
             len(req.input_ids), req.max_new_tokens, self.max_total_tokens
         )
-        if problem is None and any(t >= self.info.vocab_size or t < 0 for t in req.input_ids):
+        if (
+            problem is None
+            and req.input_ids
+            and (min(req.input_ids) < 0 or max(req.input_ids) >= self.info.vocab_size)
+        ):
             problem = "input_ids contain a token id outside the vocabulary"
         if problem is not None:  # the engine checks these too; never trust the socket
             req.finish = FinishReason("abort", message=problem)

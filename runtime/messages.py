@@ -77,6 +77,9 @@ class TokenOut(msgspec.Struct):
     no_stop_trim: bool = False
     stop: list[str] = msgspec.field(default_factory=list)  # for streaming hold-back
     decode_prefix: list[int] = msgspec.field(default_factory=list)  # prompt tail: decode context
+    # the scheduler decodes this request (stop strings or regex) one token at a time, and its
+    # trim_offset indexes that text: the detokenizer must push the ids the same way
+    token_by_token: bool = False
     output_logprobs: list[LogprobEntry] = msgspec.field(default_factory=list)
     output_top_logprobs: list[list[LogprobEntry]] = msgspec.field(default_factory=list)
     output_ids_logprobs: list[list[LogprobEntry]] = msgspec.field(default_factory=list)

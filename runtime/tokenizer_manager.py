@@ -152,10 +152,10 @@ class TokenizerManager:
 
     def _check(self, spec: PromptSpec, prompt: list[int]) -> None:
         p = spec.params
-        bad = [t for t in prompt if t >= self.info.vocab_size]
-        if bad:
+        if prompt and max(prompt) >= self.info.vocab_size:
+            bad = next(t for t in prompt if t >= self.info.vocab_size)
             raise ValueError(
-                f"input_ids contain out-of-vocabulary token id {bad[0]} (vocab size {self.info.vocab_size})"
+                f"input_ids contain out-of-vocabulary token id {bad} (vocab size {self.info.vocab_size})"
             )
         p.verify_vocab(self.info.vocab_size)
         for t in spec.token_ids_logprob:

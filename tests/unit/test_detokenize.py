@@ -65,13 +65,14 @@ TOKENIZERS = {"smollm": smollm, "spm": spm}
 
 
 class Recorder:
-    """Delegates decode to a tokenizer and records the longest id list it was given."""
+    """Delegates decode to a tokenizer and records the calls and the longest id list given."""
 
     def __init__(self, tokenizer):
-        self.tokenizer, self.longest = tokenizer, 0
+        self.tokenizer, self.longest, self.calls = tokenizer, 0, 0
 
     def decode(self, ids, **kwargs):
         self.longest = max(self.longest, len(ids))
+        self.calls += 1
         return self.tokenizer.decode(ids, **kwargs)
 
 
@@ -223,3 +224,42 @@ def test_many_skipped_specials_keep_leading_space():
 def test_empty_push_and_empty_decoder():
     dec = IncrementalDecoder(smollm())
     assert dec.push([]) == "" and dec.text == "" and dec.flush() == "" and dec.num_tokens == 0
+
+
+def test_detokenizer_decodes_a_whole_output_at_once_unless_the_scheduler_decoded_it():
+    """A finished output without stop strings takes a few decodes, not two per token, and gives
+    the text the scheduler's token-by-token decode (stop strings) gives."""
+    from weft.runtime.detokenizer import Detokenizer
+    from weft.runtime.messages import BatchTokenOut, FinishReason, TokenOut
+
+    ids = encode(smollm(), " | ".join(SAMPLES))
+    texts = {}
+    for by_token in (False, True):
+        counting = Recorder(smollm())
+
+        out = TokenOut(
+            rid="r",
+            new_ids=ids,
+            finish=FinishReason("length", length=len(ids)),
+            prompt_tokens=3,
+            cached_tokens=0,
+            completion_tokens=len(ids),
+            decode_prefix=encode(smollm(), "Say:"),
+            token_by_token=by_token,
+        )
+        [got] = Detokenizer(counting).process(BatchTokenOut([out])).outs
+        texts[by_token] = got.full_text
+        assert (counting.calls <= 5) != by_token, (by_token, counting.calls)
+    assert texts[False] == texts[True] == " | ".join(SAMPLES)
+
+
+@pytest.mark.parametrize("stop", [(), ("world",)])
+def test_token_out_says_when_the_scheduler_decodes_token_by_token(stop):
+    from weft.runtime.finish import StopState, token_out
+    from weft.runtime.request import Req
+    from weft.runtime.sampling_params import SamplingParams
+
+    params = SamplingParams(max_new_tokens=4, stop=list(stop))
+    req = Req(rid="r", input_ids=[1, 2], params=params, max_new_tokens=4)
+    req.stop_state = StopState.for_req(req, smollm())
+    assert token_out(req).token_by_token == bool(stop)
