@@ -135,9 +135,9 @@ def run_child(
             channel.send("engine", ReadyOut(_role(name), error=f"{type(exc).__name__}: {exc}"))
             channel.close()
         raise SystemExit(1) from exc
-    # NOTE: what exists now (the model, torch, transformers: ~350k objects in a scheduler) lives
-    # as long as the process. Frozen, the collector no longer walks it: each full collection
-    # of a running scheduler took ~0.1 s, a stall of several decode steps.
+    # NOTE: what exists now (the model, torch, transformers: 350k-450k objects in a scheduler)
+    # lives as long as the process. Frozen, the collector no longer walks it: each full
+    # collection of a running scheduler took 0.1-0.3 s, a stall of several decode steps.
     gc.collect()
     gc.freeze()
     try:
