@@ -307,21 +307,21 @@ class ModelRunner:
         at = 0
         for r in rows:
             req = batch.reqs[r.req_index]
-            res = results[r.req_index]
+            lps, tops, by_ids = results[r.req_index].prompt_lists()
             if r.first_is_none:
-                res.input_logprobs.append((None, req.input_ids[0]))
+                lps.append((None, req.input_ids[0]))
                 if req.top_logprobs_num:
-                    res.input_top.append([])
+                    tops.append([])
                 if req.token_ids_logprob:
-                    res.input_ids_lp.append([])
+                    by_ids.append([])
             k = len(r.hidden_rows)
             if k and logprobs is not None:
                 chosen, top, by_id = gather_logprobs(
                     logprobs[at : at + k], r.targets, req.top_logprobs_num, req.token_ids_logprob
                 )
-                res.input_logprobs += chosen
+                lps += chosen
                 if req.top_logprobs_num:
-                    res.input_top += top
+                    tops += top
                 if req.token_ids_logprob:
-                    res.input_ids_lp += by_id
+                    by_ids += by_id
             at += k

@@ -10,18 +10,30 @@ from weft.runtime.batch import Batch
 from weft.runtime.logprobs import LogprobRows, gather_logprobs
 from weft.runtime.request import Req
 
+# a step's prompt logprobs: (logprob, token) per position, its top-k lists, its by-id lists
+PromptLists = tuple[
+    list[tuple[float | None, int]], list[list[tuple[float, int]]], list[list[tuple[float, int]]]
+]
 
-@dataclass
+
+@dataclass(slots=True)
 class ReqStepResult:
-    """What one request got out of one step."""
+    """What one request got out of one step. One object per request and step: the prompt-logprob
+    lists exist only where a step computed some (fewer objects for the collector to track)."""
 
     next_id: int | None = None  # None: still prefilling, or max_new_tokens == 0
     output_logprob: tuple[float, int] | None = None
     output_top: list[tuple[float, int]] | None = None
     output_ids_lp: list[tuple[float, int]] | None = None
-    input_logprobs: list[tuple[float | None, int]] = field(default_factory=list)
-    input_top: list[list[tuple[float, int]]] = field(default_factory=list)
-    input_ids_lp: list[list[tuple[float, int]]] = field(default_factory=list)
+    input_logprobs: list[tuple[float | None, int]] | None = None
+    input_top: list[list[tuple[float, int]]] | None = None
+    input_ids_lp: list[list[tuple[float, int]]] | None = None
+
+    def prompt_lists(self) -> PromptLists:
+        """The prompt logprobs, top-k and by-id lists of this step, made on first use."""
+        if self.input_logprobs is None or self.input_top is None or self.input_ids_lp is None:
+            self.input_logprobs, self.input_top, self.input_ids_lp = [], [], []
+        return self.input_logprobs, self.input_top, self.input_ids_lp
 
     def add_logprobs_to(self, req: Req) -> None:
         """Append this step's output and prompt logprobs to the request's."""
@@ -31,10 +43,12 @@ class ReqStepResult:
             req.out_top_logprobs.append(self.output_top)
         if self.output_ids_lp is not None:
             req.out_ids_logprobs.append(self.output_ids_lp)
-        req.in_logprobs += self.input_logprobs
-        req.input_logprob_next += len(self.input_logprobs)
-        req.in_top_logprobs += self.input_top
-        req.in_ids_logprobs += self.input_ids_lp
+        if self.input_logprobs is not None:
+            chosen, top, by_id = self.prompt_lists()
+            req.in_logprobs += chosen
+            req.input_logprob_next += len(chosen)
+            req.in_top_logprobs += top
+            req.in_ids_logprobs += by_id
 
 
 @dataclass(eq=False)
