@@ -68,6 +68,7 @@ class AppState:
         self.chat_template = load_chat_template(config.chat_template)
         self.started_at = time.time()
         self.on_ready: list[Any] = []  # callables run once the runtime is up (metrics, ...)
+        self.warmed = False  # the warm-up request and the on_ready hooks are done
         self.on_fatal: list[Any] = []  # called with the reason when start-up fails or a child dies
         self.exit_code = 0
         self.metrics = Metrics()
@@ -77,7 +78,8 @@ class AppState:
 
     @property
     def ready(self) -> bool:
-        return self.runtime is not None and self.runtime.manager.down is None
+        """/health's answer: up, warmed up, and no child process gone."""
+        return self.warmed and self.runtime is not None and self.runtime.manager.down is None
 
     @property
     def manager(self) -> TokenizerManager:
@@ -179,6 +181,7 @@ async def _start(state: AppState) -> None:
             hook(state)
         cfg = state.config
         logger.info("ready: http://%s:%d (model %s)", cfg.host, cfg.port, cfg.model_name)
+        state.warmed = True
     except Exception as e:
         state.startup_error = f"{type(e).__name__}: {e}"
         _fatal(state, f"weft failed to start: {state.startup_error}")
