@@ -9,10 +9,12 @@
 #                                             # (WEFT_MASK_BATCH), fill p50 / p99 and overhead
 #   bash benchmarks/run_h200_next.sh tune     # launch sweeps of the prefix-sharing decode (fp8)
 #   bash benchmarks/run_h200_next.sh nogap    # host vs device per decode step, radix cache on
-#                                             # and off, 128 x 2176/256
+#                                             # and off, 128 x 2176/256 (the gap it looked for
+#                                             # closed in the twelfth session: on / off 1.000)
 #   bash benchmarks/run_h200_fp8.sh prefix    # prefix sharing end to end
 # NOTE: never `git checkout HEAD -- ...` on the device: its copy carries the .git of the landed
 # main, so that restores the session's starting code (tenth session, calls 4-5).
+# Run GPU tests with -v under a timeout: a run cut short then still shows which tests passed.
 # Logs under $OUT (or ./h200-logs).
 set -u
 OUT=${OUT:-h200-logs}; mkdir -p "$OUT"
