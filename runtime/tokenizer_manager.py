@@ -228,6 +228,8 @@ class TokenizerManager:
             raise ValueError(state.rejected)
 
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
+        if self.to_scheduler.closed:  # shut down: a request cancelled after close() has no one
+            return  # to tell (its send would fail in a future nobody awaits)
         self.to_scheduler.send(encode(AbortReq(rid=rid, abort_all=abort_all)))
 
     ##### Control #####
