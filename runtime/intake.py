@@ -11,6 +11,7 @@ from weft.runtime.finish import StopState
 from weft.runtime.grammar import GrammarQueue, grammar_spec
 from weft.runtime.messages import (
     AbortReq,
+    BatchGenerateReq,
     FinishReason,
     FlushCacheOut,
     FlushCacheReq,
@@ -57,7 +58,10 @@ class RequestIntake:
         raise NotImplementedError
 
     def handle(self, msg: Message) -> None:
-        if isinstance(msg, TokenizedGenerateReq):
+        if isinstance(msg, BatchGenerateReq):
+            for one in msg.reqs:
+                self.handle(one)
+        elif isinstance(msg, TokenizedGenerateReq):
             try:
                 self.add_request(msg)
             except Exception as e:  # a bug, but only this request may pay for it

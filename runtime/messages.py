@@ -1,7 +1,7 @@
 """Typed IPC messages between the engine, the scheduler and the detokenizer, and their one codec.
 
 Directions:
-    engine -> scheduler:       TokenizedGenerateReq, AbortReq, FlushCacheReq, GetStateReq
+    engine -> scheduler:       BatchGenerateReq, AbortReq, FlushCacheReq, GetStateReq
     scheduler -> detokenizer:  BatchTokenOut
     detokenizer -> engine:     BatchStrOut
     scheduler -> engine:       ReadyOut, FlushCacheOut, StateOut (control replies go straight back)
@@ -48,6 +48,13 @@ class TokenizedGenerateReq(msgspec.Struct, tag=True):
     top_logprobs_num: int = 0
     token_ids_logprob: list[int] = msgspec.field(default_factory=list)
     stream: bool = False
+
+
+class BatchGenerateReq(msgspec.Struct, tag=True):
+    """The requests of one generate call, sent together: the scheduler admits them in one step
+    (sent one by one, the first arrivals started a prefill of their own)."""
+
+    reqs: list[TokenizedGenerateReq]
 
 
 class AbortReq(msgspec.Struct, tag=True):
@@ -123,6 +130,7 @@ class StateOut(msgspec.Struct, tag=True):
 
 Message = Union[  # noqa: UP007 (msgspec needs a typing.Union here)
     TokenizedGenerateReq,
+    BatchGenerateReq,
     AbortReq,
     FlushCacheReq,
     GetStateReq,

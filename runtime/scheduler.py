@@ -25,7 +25,13 @@ from weft.runtime.grammar import GrammarQueue
 from weft.runtime.intake import RequestIntake
 from weft.runtime.ipc import Channel, Endpoints, parent_alive, run_child
 from weft.runtime.loader import load_tokenizer, read_hf_config
-from weft.runtime.messages import BatchTokenOut, FinishReason, Message, TokenizedGenerateReq
+from weft.runtime.messages import (
+    BatchGenerateReq,
+    BatchTokenOut,
+    FinishReason,
+    Message,
+    TokenizedGenerateReq,
+)
 from weft.runtime.model_info import ModelInfo
 from weft.runtime.model_runner import ModelRunner
 from weft.runtime.prefill import PrefillAdder, SharedPrefixGate, decode_reserve, order_waiting
@@ -152,7 +158,7 @@ class Scheduler(RequestIntake):
     def apply(self, inbox: Inbox) -> None:
         """Constrained requests whose grammar compiled join the waiting queue, failures answer;
         then the messages, in order (all but new requests see the in-flight step processed)."""
-        if any(not isinstance(m, TokenizedGenerateReq) for m in inbox.msgs):
+        if any(not isinstance(m, (TokenizedGenerateReq, BatchGenerateReq)) for m in inbox.msgs):
             self.settle()
         if inbox.ready or inbox.failed:
             ready, failed = self.grammars.take(inbox.ready, inbox.failed)

@@ -16,6 +16,7 @@ import zmq.asyncio
 from weft.runtime.generate_input import GenerateInput, PromptSpec
 from weft.runtime.messages import (
     AbortReq,
+    BatchGenerateReq,
     BatchStrOut,
     FlushCacheOut,
     FlushCacheReq,
@@ -119,17 +120,19 @@ class TokenizerManager:
             self._check(spec, prompt)
         if n > 1:  # prefill each prompt once so the n samples share it through the radix cache
             warm = [
-                self._submit(_prefill_only(s), p, f"{s.rid}-prefill", i)
-                for i, (s, p) in enumerate(zip(specs, ids, strict=True))
+                (_prefill_only(s), p, f"{s.rid}-prefill") for s, p in zip(specs, ids, strict=True)
             ]
-            await self.collect(warm)
-        states: list[ReqState] = []
-        for spec, prompt in zip(specs, ids, strict=True):
-            for j in range(n):
-                one = spec if n == 1 else _sample_j(spec, j)
-                rid = spec.rid if n == 1 else f"{spec.rid}-{j}"
-                states.append(self._submit(one, prompt, rid, len(states)))
-        return states
+            await self.collect(self._submit(warm))
+        outputs = [
+            (
+                spec if n == 1 else _sample_j(spec, j),
+                prompt,
+                spec.rid if n == 1 else f"{spec.rid}-{j}",
+            )
+            for spec, prompt in zip(specs, ids, strict=True)
+            for j in range(n)
+        ]
+        return self._submit(outputs)
 
     async def results(self, states: list[ReqState], stream: bool) -> AsyncIterator[dict[str, Any]]:
         try:
@@ -172,27 +175,37 @@ class TokenizerManager:
         if problem is not None:
             raise ValueError(problem)
 
-    def _submit(self, spec: PromptSpec, prompt: list[int], rid: str, out_index: int) -> ReqState:
-        if rid in self.states:
-            raise ValueError(f"a request with rid {rid!r} is already running")
-        max_new = self.info.resolve_max_new_tokens(
-            spec.params.max_new_tokens, len(prompt), self.max_total_tokens
-        )
-        state = ReqState(spec, prompt, rid, out_index)
-        self.states[rid] = state
-        msg = TokenizedGenerateReq(
-            rid=rid,
-            input_ids=prompt,
-            params=spec.params,
-            max_new_tokens=max_new,
-            return_logprob=spec.return_logprob,
-            logprob_start_len=spec.logprob_start_len if spec.return_logprob else -1,
-            top_logprobs_num=spec.top_logprobs_num,
-            token_ids_logprob=spec.token_ids_logprob,
-            stream=spec.stream,
-        )
-        self.to_scheduler.send(encode(msg))
-        return state
+    def _submit(self, outputs: list[tuple[PromptSpec, list[int], str]]) -> list[ReqState]:
+        """Register the outputs (spec, prompt ids, rid) of one call and send them in one message,
+        so the scheduler admits them together; all or none (a rid already running refuses all).
+        The rids of one call are distinct (GenerateInput checks; samples add "-j")."""
+        taken = [rid for _, _, rid in outputs if rid in self.states]
+        if taken:
+            raise ValueError(f"a request with rid {taken[0]!r} is already running")
+        states: list[ReqState] = []
+        msgs: list[TokenizedGenerateReq] = []
+        for spec, prompt, rid in outputs:
+            max_new = self.info.resolve_max_new_tokens(
+                spec.params.max_new_tokens, len(prompt), self.max_total_tokens
+            )
+            states.append(ReqState(spec, prompt, rid, len(states)))
+            msgs.append(
+                TokenizedGenerateReq(
+                    rid=rid,
+                    input_ids=prompt,
+                    params=spec.params,
+                    max_new_tokens=max_new,
+                    return_logprob=spec.return_logprob,
+                    logprob_start_len=spec.logprob_start_len if spec.return_logprob else -1,
+                    top_logprobs_num=spec.top_logprobs_num,
+                    token_ids_logprob=spec.token_ids_logprob,
+                    stream=spec.stream,
+                )
+            )
+        for state in states:
+            self.states[state.rid] = state
+        self.to_scheduler.send(encode(msgs[0] if len(msgs) == 1 else BatchGenerateReq(msgs)))
+        return states
 
     async def collect(self, states: list[ReqState]) -> list[dict[str, Any]]:
         for state in states:

@@ -259,3 +259,39 @@ def test_the_state_counts_steps_and_their_wall_time_per_kind(engine: Any) -> Non
     assert after["extend_steps"] - before["extend_steps"] == 1
     assert after["decode_steps"] - before["decode_steps"] == 5
     assert after["decode_us"] > before["decode_us"] and after["extend_us"] > before["extend_us"]
+
+
+def test_a_batch_is_sent_as_one_message_and_prefilled_in_one_step(engine: Any) -> None:
+    """The prompts of one generate call reach the scheduler together: one prefill step for all
+    (sent one by one, the first arrivals started a prefill of their own)."""
+    before = engine.get_state()
+    for _ in range(200):  # NOTE: an earlier test's aborted request may still be running
+        if not before["num_running"] and not before["num_waiting"]:
+            break
+        time.sleep(0.05)
+        before = engine.get_state()
+    prompts = [[20 + i, 30 + i, 40 + i, 50 + i] for i in range(24)]
+    outs = engine.generate(
+        input_ids=prompts, sampling_params={"max_new_tokens": 1, "ignore_eos": True}
+    )
+    assert (
+        isinstance(outs, list) and [o["meta_info"]["completion_tokens"] for o in outs] == [1] * 24
+    )
+    assert engine.get_state()["extend_steps"] - before["extend_steps"] == 1
+
+
+def test_a_batch_with_a_running_rid_is_refused_whole(engine: Any) -> None:
+    with pytest.raises(ValueError, match="rid values in a batch must be unique"):
+        engine.generate(["a", "b", "c"], {"max_new_tokens": 2}, rid=["one", "twice", "twice"])
+    busy = engine.generate(
+        "Hi", {"max_new_tokens": 64, "ignore_eos": True}, rid="busy", stream=True
+    )
+    try:
+        with pytest.raises(ValueError, match="'busy' is already running"):
+            engine.generate(["a", "b"], {"max_new_tokens": 2}, rid=["fresh", "busy"])
+        # nothing of the refused batch was sent or kept: its other rid is free
+        assert (
+            engine.generate("a", {"max_new_tokens": 2}, rid="fresh")["meta_info"]["id"] == "fresh"
+        )
+    finally:
+        assert sum(1 for _ in busy) >= 1
