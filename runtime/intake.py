@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import Any
 
@@ -149,5 +150,8 @@ class RequestIntake:
             "num_compiling": len(self.grammars.pending),
             "new_token_ratio": self.new_token_ratio,
             "page_size": self.runner.page_size,
+            # objects the collector skips (frozen at start-up) and its passes over the rest
+            "gc_frozen": gc.get_freeze_count(),
+            "gc_collections": [g["collections"] for g in gc.get_stats()],
             **self.stats,
         }

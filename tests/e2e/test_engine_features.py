@@ -259,6 +259,9 @@ def test_the_state_counts_steps_and_their_wall_time_per_kind(engine: Any) -> Non
     assert after["extend_steps"] - before["extend_steps"] == 1
     assert after["decode_steps"] - before["decode_steps"] == 5
     assert after["decode_us"] > before["decode_us"] and after["extend_us"] > before["extend_us"]
+    # the scheduler froze what it built at start-up: its collections skip those objects
+    assert after["gc_frozen"] > 10_000
+    assert len(after["gc_collections"]) == 3
 
 
 def test_a_batch_is_sent_as_one_message_and_prefilled_in_one_step(engine: Any) -> None:
