@@ -151,6 +151,10 @@ def run_child(
     finally:
         if channel is not None:
             channel.close()
+        # NOTE: back to the collector before the interpreter's teardown, which would otherwise
+        # find the frozen objects alive and triton's bindings would report them as leaks
+        gc.unfreeze()
+        gc.collect()
 
 
 def _role(name: str) -> Literal["scheduler", "detokenizer"]:

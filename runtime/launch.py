@@ -47,16 +47,24 @@ class ChildProcesses:
         return [p.pid for p in self.procs.values() if p.pid is not None]
 
     def check(self) -> str | None:
-        """None while all live; else which died and how (and the rest are told to stop)."""
+        """None while all live; else which died and how (and the rest are told to stop). When
+        several are gone by now, those killed by a signal come first: the others most likely
+        failed because of them (a rank whose peer vanished)."""
         if self.closed:
             return None
-        for name, proc in self.procs.items():
-            if proc.pid is not None and not proc.is_alive():
-                for other in self.procs.values():
-                    if other.is_alive():
-                        other.terminate()
-                return f"the {name} process exited with code {proc.exitcode} (see its log above)"
-        return None
+        dead = [
+            (name, proc.exitcode)
+            for name, proc in self.procs.items()
+            if proc.pid is not None and not proc.is_alive()
+        ]
+        if not dead:
+            return None
+        for proc in self.procs.values():
+            if proc.is_alive():
+                proc.terminate()
+        dead.sort(key=lambda d: not (d[1] is not None and d[1] < 0))  # stable: signals first
+        said = "; ".join(f"the {name} process exited with code {code}" for name, code in dead)
+        return f"{said} (see {'its log' if len(dead) == 1 else 'their logs'} above)"
 
     def shutdown(self) -> None:
         """Terminate, then kill what is left after 5 s; remove the ipc directory."""
