@@ -4,9 +4,11 @@
 # (older: the grammar backend fails to start) and jsonschema with its dependencies (the GPU
 # grammar test validates with it): `pip download llguidance==1.9.1 jsonschema
 # jsonschema-specifications referencing attrs --no-deps` plus rpds-py for cp312 manylinux.
-#   bash benchmarks/run_h200_next.sh checks   # the GPU grammar test; constrained decoding at
-#                                             # batch 32 with mask step batches off and on
-#                                             # (WEFT_MASK_BATCH), fill p50 / p99 and overhead
+#   bash benchmarks/run_h200_next.sh checks   # the GPU grammar test (TEST_S=0: skipped);
+#                                             # constrained decoding at batch 32 with the mask
+#                                             # worker one by one, in step batches
+#                                             # (WEFT_MASK_BATCH) and draining (WEFT_MASK_DRAIN):
+#                                             # fill p50 / p99 and overhead
 #   bash benchmarks/run_h200_next.sh tune     # launch sweeps of the prefix-sharing decode (fp8)
 #   bash benchmarks/run_h200_next.sh nogap    # host vs device per decode step, radix cache on
 #                                             # and off, 128 x 2176/256 (the gap it looked for
@@ -21,13 +23,15 @@ OUT=${OUT:-h200-logs}; mkdir -p "$OUT"
 PYTEST="python3 -m pytest -q -p no:cacheprovider"
 case "${1:-}" in
   checks)
-    timeout "${TEST_S:-120}" $PYTEST tests/gpu/test_grammar_cuda.py 2>&1 | tail -5 \
-      | tee "$OUT/tests.log"
+    [ "${TEST_S:-120}" = 0 ] || timeout "${TEST_S:-120}" $PYTEST tests/gpu/test_grammar_cuda.py \
+      2>&1 | tail -5 | tee "$OUT/tests.log"
     cd benchmarks
-    for batch in 0 1; do
-      WEFT_MASK_BATCH=$batch timeout "${CON_S:-120}" python3 offline.py --mode constrained \
-        --no-hf --output-file "$OUT/constrained_$batch.json" 2>&1 \
-        | tee "$OUT/constrained_$batch.log" | grep "^| con\|^| JSON"
+    for mode in ${MODES:-one batch drain}; do  # the mask worker: one by one, step batches, drain
+      WEFT_MASK_BATCH=$([ $mode = batch ] && echo 1 || echo 0) \
+      WEFT_MASK_DRAIN=$([ $mode = drain ] && echo 1 || echo 0) \
+      timeout "${CON_S:-120}" python3 offline.py --mode constrained \
+        --no-hf --output-file "$OUT/constrained_$mode.json" 2>&1 \
+        | tee "$OUT/constrained_$mode.log" | grep "^| con\|^| JSON"
     done
     ;;
   tune)

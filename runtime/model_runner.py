@@ -161,14 +161,22 @@ class ModelRunner:
         return step.resolve()
 
     @torch.no_grad()
-    def launch(self, batch: Batch) -> LaunchedStep:
+    def launch(self, batch: Batch, deferred: LaunchedStep | None = None) -> LaunchedStep:
         """Queue the model for one step (on CUDA nothing here waits for the GPU). Which requests
         sample is decided now; `sample` draws their tokens once the host state they depend on
         (grammar, penalties) is up to date, and `LaunchedStep.resolve` reads them. A request
         with a sampled token still on the device (`req.ahead`, overlap scheduling) runs that
-        token: it is taken from the previous launch's output on the device."""
+        token: it is taken from the previous launch's output on the device.
+
+        `deferred`: the previous step, still to sample (overlap with grammar masks). It samples
+        after this step's host-side inputs are built and before its model: its masks, prefetched
+        since its accepts, get that time too."""
         self.req_to_token.flush()  # the scheduler's slot writes since the last step
-        fb = self._forward_batch(batch)
+        fb, futures = self._forward_batch(batch)
+        if deferred is not None:
+            self.sample(deferred)
+        if futures is not None:
+            self._take_futures(fb, *futures)
         if self.graphs is not None and self.graphs.can_run(fb):
             hidden = self.graphs.replay(fb)
         else:
@@ -197,18 +205,30 @@ class ModelRunner:
         """Grammar mask fill and apply times (GrammarMasks.stats)."""
         return self.masks.stats()
 
-    def _forward_batch(self, batch: Batch) -> ForwardBatch:
+    def _take_futures(
+        self, fb: ForwardBatch, at_t: torch.Tensor, row_t: torch.Tensor, steps: set[int]
+    ) -> None:
+        """Put the last sampled step's device-side ids into fb's input ids (rows at_t)."""
+        last = self._last_ids
+        assert last is not None and steps == {last[0]}, "future tokens of a step not the last"
+        fb.input_ids[at_t] = last[1][row_t]
+
+    def _forward_batch(
+        self, batch: Batch
+    ) -> tuple[ForwardBatch, tuple[torch.Tensor, torch.Tensor, set[int]] | None]:
+        """The step's device inputs, and where its future tokens go (`_take_futures`): input
+        rows, rows of the sampled ids, and the step that samples them."""
         ids: list[int] = []
         positions: list[int] = []
         seq_lens: list[int] = []
         future_at: list[int] = []  # token index in this step <- row of the last launch's ids
         future_row: list[int] = []
+        future_steps: set[int] = set()
         for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
             start = req.kv_len
             if req.ahead:
-                last = self._last_ids
-                assert n == 1 and req.future is not None and last is not None, (req.rid, n)
-                assert req.future[0] == last[0], "a future token of a step that is not the last"
+                assert n == 1 and req.future is not None, (req.rid, n)
+                future_steps.add(req.future[0])
                 future_at.append(len(ids))
                 future_row.append(req.future[1])
                 ids.append(0)
@@ -224,15 +244,12 @@ class ModelRunner:
         input_ids, pos, req_rows, seq_t, ext_t, at_t, row_t = (
             flat[cut[k] : cut[k + 1]] for k in range(len(parts))
         )
-        if future_at:
-            assert self._last_ids is not None
-            input_ids[at_t] = self._last_ids[1][row_t]
         if batch.mode == ForwardMode.DECODE:  # one token per request
             row_per_token = req_rows
         else:
             row_per_token = torch.repeat_interleave(req_rows, ext_t, output_size=len(ids))
             self.plans.clear()
-        return ForwardBatch(
+        fb = ForwardBatch(
             mode=batch.mode,
             input_ids=input_ids,
             positions=pos,
@@ -248,6 +265,7 @@ class ModelRunner:
                 else None
             ),
         )
+        return fb, ((at_t, row_t, future_steps) if future_at else None)
 
     @torch.no_grad()
     def sample(self, step: LaunchedStep) -> None:

@@ -293,9 +293,10 @@ class Scheduler(RequestIntake):
         kind = "decode" if batch.mode == ForwardMode.DECODE else "extend"
         self.stats[f"{kind}_steps"] += 1
         self._last_launch = (kind, now)
-        if self.inflight is not None and self.inflight.hidden is not None:
-            self.runner.sample(self.inflight)  # deferred (see process_results); before the model
-        step = self.runner.launch(batch)
+        deferred = self.inflight  # its sampling, if deferred (process_results), comes first
+        if deferred is not None and deferred.hidden is None:
+            deferred = None
+        step = self.runner.launch(batch, deferred)
         self.stats["overlapped_steps"] += self.inflight is not None
         for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
             req.kv_len += n

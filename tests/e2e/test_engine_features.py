@@ -32,6 +32,17 @@ def gen(engine: Any, prompt: str = "Hi", **params: Any) -> dict[str, Any]:
     return out
 
 
+def idle_state(engine: Any) -> dict[str, Any]:
+    """get_state once nothing runs or waits (an earlier test's aborted request may still run)."""
+    state = engine.get_state()
+    for _ in range(200):
+        if not state["num_running"] and not state["num_waiting"]:
+            break
+        time.sleep(0.05)
+        state = engine.get_state()
+    return state
+
+
 def test_stop_string_is_trimmed_unless_no_stop_trim(engine: Any) -> None:
     out = gen(engine, stop="world w", **FORCE_WORLD)
     assert out["text"] == " "
@@ -246,12 +257,7 @@ def test_the_state_counts_steps_and_their_wall_time_per_kind(engine: Any) -> Non
     """get_state: extend / decode steps launched and their launch-to-launch time (µs). One
     request of 6 tokens: its prefill samples the first, 5 decode steps the rest (overlap too:
     no step is launched past max_new_tokens)."""
-    before = engine.get_state()
-    for _ in range(200):  # NOTE: an earlier test's aborted request may still be running
-        if not before["num_running"] and not before["num_waiting"]:
-            break
-        time.sleep(0.05)
-        before = engine.get_state()
+    before = idle_state(engine)
     engine.generate(
         input_ids=[11, 12, 13], sampling_params={"max_new_tokens": 6, "ignore_eos": True}
     )
@@ -267,12 +273,7 @@ def test_the_state_counts_steps_and_their_wall_time_per_kind(engine: Any) -> Non
 def test_a_batch_is_sent_as_one_message_and_prefilled_in_one_step(engine: Any) -> None:
     """The prompts of one generate call reach the scheduler together: one prefill step for all
     (sent one by one, the first arrivals started a prefill of their own)."""
-    before = engine.get_state()
-    for _ in range(200):  # NOTE: an earlier test's aborted request may still be running
-        if not before["num_running"] and not before["num_waiting"]:
-            break
-        time.sleep(0.05)
-        before = engine.get_state()
+    before = idle_state(engine)
     prompts = [[20 + i, 30 + i, 40 + i, 50 + i] for i in range(24)]
     outs = engine.generate(
         input_ids=prompts, sampling_params={"max_new_tokens": 1, "ignore_eos": True}

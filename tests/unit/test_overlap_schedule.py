@@ -155,16 +155,18 @@ def test_grammar_masks_see_every_token(tiny_model_dir: Path, jump_forward: bool)
 
 def test_masked_steps_sample_after_the_next_schedule(tiny_model_dir: Path) -> None:
     """With overlap, a step whose requests sample under grammar masks is sampled only at the next
-    launch (after the next schedule), giving the masks its accepts started time to compute; a
-    step without masks samples right after its launch. Outputs as without overlap."""
+    launch (after the next schedule and the next step's host-side inputs), giving the masks
+    its accepts started time to compute; a step without masks samples right after its launch.
+    Outputs as without overlap."""
     events: list[tuple[str, int]] = []
     masked: set[int] = set()
 
     def spy(sched: Scheduler) -> None:
         launch, sample, schedule = sched.runner.launch, sched.runner.sample, sched.schedule
+        inputs = sched.runner._forward_batch
 
-        def on_launch(batch: Any) -> Any:
-            step = launch(batch)
+        def on_launch(batch: Any, deferred: Any = None) -> Any:
+            step = launch(batch, deferred)
             events.append(("launch", step.number))
             if any(batch.reqs[i].grammar is not None for i in step.samplers):
                 masked.add(step.number)
@@ -178,25 +180,33 @@ def test_masked_steps_sample_after_the_next_schedule(tiny_model_dir: Path) -> No
             events.append(("schedule", 0))
             return schedule()
 
+        def on_inputs(batch: Any) -> Any:
+            events.append(("inputs", 0))
+            return inputs(batch)
+
         sched.runner.launch, sched.runner.sample = on_launch, on_sample  # type: ignore[method-assign]
         sched.schedule = on_schedule  # type: ignore[method-assign]
+        sched.runner._forward_batch = on_inputs  # type: ignore[method-assign]
 
     params = [greedy(30, json_schema=json.dumps(SCHEMA)) if i % 2 else greedy(50, ignore_eos=True)
               for i in range(8)]  # fmt: skip
     outs, _ = run(tiny_model_dir, "on", params, spy=spy)
     off, _ = run(tiny_model_dir, "off", params)
     assert outs == off
-    deferred = plain = 0
+    deferred = plain = late = 0
     for k, (kind, n) in enumerate(events):
         if kind != "launch":
             continue
         between = events[k + 1 : events.index(("sample", n), k)]
         if n in masked:
-            deferred += ("schedule", 0) in between
+            if ("schedule", 0) in between:
+                deferred += 1
+                # sampled in the next launch: after that step's inputs were built
+                late += ("inputs", 0) in between[between.index(("schedule", 0)) :]
         else:
             assert ("schedule", 0) not in between, (n, between)
             plain += 1
-    assert deferred >= 10 and plain >= 5, (deferred, plain, len(masked))
+    assert deferred >= 10 and plain >= 5 and late >= 5, (deferred, plain, late, len(masked))
 
 
 def test_with_overlap_forced_tokens_do_not_break_the_decode_chain(tiny_model_dir: Path) -> None:
