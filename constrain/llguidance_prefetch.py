@@ -1,6 +1,5 @@
 """Mask prefetch for llguidance matchers: one background thread computing queued masks, a step's
-masks at once on the library's thread pool (`MASK_WORKER.batch()`, or every job queued when the
-thread is free: `draining`), others one by one in order."""
+masks at once on the library's thread pool (`MASK_WORKER.batch()`), others one by one in order."""
 
 from __future__ import annotations
 
@@ -63,12 +62,10 @@ class MaskWorker:
         self._num_threads = num_threads
         # batches are opt-in (WEFT_MASK_BATCH=1, for measuring): on the H200 host they cut the
         # median fill to 1.5 us but raised the p99 to 583 us (finished on this thread then);
-        # finished by the waiters instead: p50 10.5, p99 409 us (BENCHMARKS.md, eleventh and
-        # thirteenth sessions)
+        # finished by the waiters instead: p50 11.2, p99 46.1 us against 1.8 / 45.3 one by one
+        # (a worker taking every queued job at once, tried: 1.8 / 78.0 us; BENCHMARKS.md,
+        # eleventh and thirteenth sessions)
         self.batching = os.environ.get("WEFT_MASK_BATCH", "0") == "1"
-        # draining (WEFT_MASK_DRAIN=1, for measuring): the jobs queued when this thread turns to
-        # the next are computed together on the executor, then finished here one by one
-        self.draining = os.environ.get("WEFT_MASK_DRAIN", "0") == "1"
         self._executor: Any = None  # llguidance.LLExecutor, built on the first batch
 
     @contextmanager
@@ -111,12 +108,6 @@ class MaskWorker:
     def _run(self) -> None:
         while True:
             items = self._jobs.get()
-            if self.draining:
-                items = self._drain(items)
-                if len(items) > 1:
-                    self._run_drained(items)
-                    del items
-                    continue
             if len(items) > 1:
                 self._run_together(items)
             else:
@@ -131,43 +122,6 @@ class MaskWorker:
                     job.done.release()
                 del matcher, out, finish, job
             del items  # NOTE: drop references before the next jobs
-
-    def _drain(self, items: list[Item]) -> list[Item]:
-        """`items` and every job queued behind them now."""
-        while True:
-            try:
-                items = items + self._jobs.get_nowait()
-            except queue.Empty:
-                return items
-
-    def _run_drained(self, items: list[Item]) -> None:
-        """The items' masks computed in parallel into a scratch block, then each copied into its
-        buffer, finished and released here in order (a waiter finds its mask in its row). On a
-        library error, each mask alone, in place (so that an error lands on its own job)."""
-        import llguidance
-
-        size = ctypes.sizeof(items[0][1])
-        if self._executor is None:
-            self._executor = llguidance.LLExecutor(self._num_threads)
-        scratch = torch.empty(len(items) * size // 4, dtype=torch.int32)  # NOTE: uninitialised
-        base = scratch.data_ptr()
-        try:
-            pairs = [(m, k) for k, (m, *_rest) in enumerate(items)]
-            self._executor.unsafe_compute_mask_ptr(pairs, base, size, len(items))
-        except BaseException:  # noqa: BLE001 - each one alone below
-            base = 0
-        for k, (m, out, finish, job) in enumerate(items):
-            try:
-                address = ctypes.addressof(out)
-                if base:
-                    ctypes.memmove(address, base + k * size, size)
-                else:
-                    m.unsafe_compute_mask_ptr(address, ctypes.sizeof(out))
-                finish(address)
-            except BaseException as e:  # noqa: BLE001 - handed to the matcher's thread
-                job.error = e
-            finally:
-                job.done.release()
 
     def _run_together(self, items: list[Item]) -> None:
         """The items' masks computed in parallel into a scratch block, their jobs released at

@@ -50,6 +50,7 @@ class GraphRunner:
         self.extend_lens = torch.ones(n, dtype=torch.int64, device=device)
         self.hidden = torch.zeros(n, hidden_size, dtype=dtype, device=device)
         self.pad_row = pad_row
+        self._staged: tuple[ForwardBatch, int, bool] | None = None  # (batch, padded size, shared)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # (size, shared variant)
         self.pool: Any = None
 
@@ -90,11 +91,11 @@ class GraphRunner:
     def can_run(self, fb: ForwardBatch) -> bool:
         return fb.mode == ForwardMode.DECODE and fb.batch_size <= self.sizes[-1]
 
-    def replay(self, fb: ForwardBatch) -> torch.Tensor:
-        """Hidden states [B, hidden] of a real decode batch of size B."""
+    def stage(self, fb: ForwardBatch) -> None:
+        """Queue the copies of fb's inputs into the static buffers, all but its token ids (which
+        may still be sampled on the device: `replay` copies them)."""
         b = fb.batch_size
         bs = self.sizes[bisect.bisect_left(self.sizes, b)]
-        self.input_ids[:b].copy_(fb.input_ids)
         self.positions[:b].copy_(fb.positions)
         self.out_cache_loc[:b].copy_(fb.out_cache_loc)
         self.req_rows[:b].copy_(fb.req_rows)
@@ -107,5 +108,16 @@ class GraphRunner:
             self.seq_lens[b:bs].zero_()
         shared = fb.shared is not None and self.attn.shared_prefix
         self.attn.prepare_replay(fb, bs, shared)
+        self._staged = (fb, bs, shared)
+
+    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+        """Hidden states [B, hidden] of a real decode batch of size B (staged first unless
+        `stage(fb)` was the last call)."""
+        if self._staged is None or self._staged[0] is not fb:
+            self.stage(fb)
+        assert self._staged is not None
+        _, bs, shared = self._staged
+        self._staged = None
+        self.input_ids[: fb.batch_size].copy_(fb.input_ids)
         self.graphs[bs, shared].replay()
-        return self.hidden[:b]
+        return self.hidden[: fb.batch_size]

@@ -169,18 +169,22 @@ class ModelRunner:
         token: it is taken from the previous launch's output on the device.
 
         `deferred`: the previous step, still to sample (overlap with grammar masks). It samples
-        after this step's host-side inputs are built and before its model: its masks, prefetched
-        since its accepts, get that time too."""
+        after this step's inputs are built and staged (all but the token ids it samples) and
+        before its model: its masks, prefetched since its accepts, get that time too."""
         self.req_to_token.flush()  # the scheduler's slot writes since the last step
         fb, futures = self._forward_batch(batch)
+        graphs = self.graphs if self.graphs is not None and self.graphs.can_run(fb) else None
+        if graphs is not None:
+            graphs.stage(fb)
+        else:
+            self.attn.prepare(fb)
         if deferred is not None:
             self.sample(deferred)
         if futures is not None:
             self._take_futures(fb, *futures)
-        if self.graphs is not None and self.graphs.can_run(fb):
-            hidden = self.graphs.replay(fb)
+        if graphs is not None:
+            hidden = graphs.replay(fb)
         else:
-            self.attn.prepare(fb)
             hidden = self.model(fb, self.attn)  # [T, hidden]; on CUDA this only queues kernels
         self.num_forward_tokens += fb.input_ids.numel()
         self.num_forward_passes += 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 
@@ -266,66 +265,4 @@ def test_without_batching_a_batch_changes_nothing() -> None:
     pairs, ids = lock_step_pairs(12)
     with prefetch_batch():
         assert MASK_WORKER._held is None
-    assert walk_in_step_batches(pairs, ids) > 100
-
-
-@pytest.fixture
-def draining(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Draining on (opt-in in the runtime)."""
-    from weft.constrain.llguidance_prefetch import MASK_WORKER
-
-    monkeypatch.setattr(MASK_WORKER, "draining", True)
-
-
-def test_jobs_queued_behind_a_busy_worker_are_computed_together(draining: None) -> None:
-    """With draining, every job queued while the worker computes is taken at once, computed in
-    parallel and finished there: every mask equals the synchronous backend's."""
-    import threading
-
-    from weft.constrain.llguidance_prefetch import MASK_WORKER
-
-    class Gate:  # a job that holds the worker until opened
-        opened = threading.Event()
-
-        def unsafe_compute_mask_ptr(self, *args: object) -> None:
-            assert self.opened.wait(10)
-
-    drained = MASK_WORKER._run_drained
-    sizes: list[int] = []
-
-    def spy(items: list) -> None:
-        sizes.append(len(items))
-        drained(items)
-
-    MASK_WORKER._run_drained = spy  # type: ignore[method-assign]
-    try:
-        pairs, ids = lock_step_pairs(40)
-        assert len(pairs) >= 30
-        for (a, b), tokens in zip(pairs, ids, strict=True):  # their first masks: done
-            assert torch.equal(row(a), row(b))
-        buffer = (ctypes.c_int32 * 4)()
-        gate = MASK_WORKER.submit(Gate(), buffer, lambda address: None)
-        for (a, b), tokens in zip(pairs, ids, strict=True):  # all queued behind the gate
-            assert a.accept_token(tokens[0]) and b.accept_token(tokens[0])
-        Gate.opened.set()
-        gate.wait()
-        assert sizes and sizes[0] >= 20, sizes  # (states with forced tokens start none)
-        steps = walk_in_step_batches(pairs, [tokens[1:] for tokens in ids])
-    finally:
-        del MASK_WORKER._run_drained
-    assert steps > 300, steps
-
-
-def test_a_failing_drained_compute_falls_back_to_one_by_one(
-    draining: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """If the library's parallel call raises for drained jobs, each mask is computed alone."""
-    from weft.constrain.llguidance_prefetch import MASK_WORKER
-
-    class Broken:
-        def unsafe_compute_mask_ptr(self, *args: object) -> None:
-            raise RuntimeError("executor down")
-
-    monkeypatch.setattr(MASK_WORKER, "_executor", Broken())
-    pairs, ids = lock_step_pairs(12)
     assert walk_in_step_batches(pairs, ids) > 100
