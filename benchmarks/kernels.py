@@ -325,9 +325,6 @@ def main() -> None:
     parser.add_argument(
         "--fp8-prefix", action="store_true", help="only the prefix-sharing decode on an fp8 pool"
     )
-    parser.add_argument(
-        "--grid-order", action="store_true", help="only the attention kernels' grid orders"
-    )
     args = parser.parse_args()
     assert torch.cuda.is_available(), "benchmarks/kernels.py needs CUDA"
     torch.manual_seed(0)
@@ -340,11 +337,6 @@ def main() -> None:
     print(f"device-to-device copy: {ceiling:.0f} GB/s (read + write)")
     if args.shared_only:
         bench_shared_prefix(ceiling)
-        return
-    if args.grid_order:
-        from kernels_grid import bench_grid_order
-
-        bench_grid_order(ceiling)
         return
     if args.fp8_prefix:
         from kernels_fp8 import bench_prefix_decode_fp8

@@ -19,10 +19,6 @@ LOG2E = 1.4426950408889634
 # One 64-key block per split is enough work once the reduce merges all splits in one pass
 # (was 256 with a serial merge; see BENCHMARKS.md, sixth session).
 MIN_SPLIT_TOKENS = 64
-# Grid order of the split kernels: the kv heads of one request (or prefix block) as the fastest
-# axis, so that programs running side by side read the neighbouring head rows of the same
-# slots (a slot holds all kv heads' rows together); False: requests fastest (the old order).
-GRID_HEADS_FIRST = True
 
 
 @triton.jit
@@ -153,14 +149,9 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     HAS_KV_STARTS: tl.constexpr,
     V_STAGED: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: merge the prefix's columns (if any) here and write Out
-    HEADS_FIRST: tl.constexpr,  # grid (Hkv, B, S) rather than (B, Hkv, S)
 ):
-    if HEADS_FIRST:
-        kvh = tl.program_id(0)
-        b = tl.program_id(1)
-    else:
-        b = tl.program_id(0)
-        kvh = tl.program_id(1)
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
     split = tl.program_id(2)
     row = tl.load(Req_rows + b).to(tl.int64)
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
@@ -385,9 +376,7 @@ def decode_attention(
 
         shared_prefix_splits(q, k_buffer, v_buffer, req_to_token, shared, (part_o, part_lse),
                              scale, num_kv_splits, prefix_block_n)  # fmt: skip
-    heads_first = GRID_HEADS_FIRST
-    grid = (num_kv_heads, bsz) if heads_first else (bsz, num_kv_heads)
-    _decode_split_kernel[grid + (num_kv_splits,)](
+    _decode_split_kernel[(bsz, num_kv_heads, num_kv_splits)](
         q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, starts, part_o, part_lse, out,
         scale * LOG2E, num_kv_splits, max(prefix_splits, 1), num_kv_splits,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
@@ -397,7 +386,7 @@ def decode_attention(
         G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
         FP16_DOTS=fp16_dots(q, k_buffer), HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged,
-        DIRECT=direct, HEADS_FIRST=heads_first,
+        DIRECT=direct,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
     if direct:

@@ -10,11 +10,6 @@ import triton.language as tl
 from ._check import INDEX_DTYPES, check_tensor, kv_dtypes
 from .decode import LOG2E, _e4m3_to_f16_here, fp8_v_staging, fp16_dots
 
-# Grid order: the q heads of one request as the fastest axis, so that programs running side by
-# side share K/V tiles (a kv head's q heads) and read neighbouring head rows of the same slots;
-# False: requests fastest (the old order).
-GRID_HEADS_FIRST = True
-
 
 @triton.jit
 def _extend_kernel(  # type: ignore[no-untyped-def]
@@ -52,7 +47,6 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
     DOT_PRECISION: tl.constexpr,
     FP16_DOTS: tl.constexpr,  # an fp8 pool under a 16-bit q: the prefix's dots in float16
     V_STAGED: tl.constexpr,  # the prefix's V tiles converted where loaded (decode.py's `_attend`)
-    HEADS_FIRST: tl.constexpr,  # grid (H / PACK, B, m blocks) rather than (B, H / PACK, m blocks)
 ):
     # One program: q heads hp*PACK .. hp*PACK+PACK-1 (kv head kvh's when packed) over
     # BLOCK_T = BLOCK_M // PACK new tokens of request b; each K/V tile is loaded once for them all.
@@ -60,12 +54,8 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
     #   query row r:  new token m_blk*BLOCK_T + r // PACK,  q head hp*PACK + r % PACK
     #   keys of request b:  [ prefix (pool, via req_to_token) | new 0 .. ext-1 (K/V) ]
     #   new token i (i < ext):   sees all prefix keys              sees new keys 0..i
-    if HEADS_FIRST:
-        hp = tl.program_id(0)
-        b = tl.program_id(1)
-    else:
-        b = tl.program_id(0)
-        hp = tl.program_id(1)
+    b = tl.program_id(0)
+    hp = tl.program_id(1)
     m_blk = tl.program_id(2)
     BLOCK_T: tl.constexpr = BLOCK_M // PACK
     ext_len = tl.load(Extend_lens + b).to(tl.int32)
@@ -211,9 +201,7 @@ def extend_attention(
     if bsz == 0 or tokens == 0 or max_extend_len == 0:
         return out
 
-    heads_first = GRID_HEADS_FIRST
-    blocks = triton.cdiv(max_extend_len, block_m // pack)
-    grid = (heads // pack, bsz, blocks) if heads_first else (bsz, heads // pack, blocks)
+    grid = (bsz, heads // pack, triton.cdiv(max_extend_len, block_m // pack))
     _extend_kernel[grid](
         q, k, v, k_buffer, v_buffer, req_to_token, req_rows, prefix_lens, extend_lens,
         extend_start_loc, out, scale * LOG2E,
@@ -223,7 +211,6 @@ def extend_attention(
         G=group, PACK=pack, D=dim, BLOCK_D=triton.next_power_of_2(dim), BLOCK_M=block_m,
         BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
         FP16_DOTS=fp16_dots(q, k_buffer), V_STAGED=fp8_v_staging(q, k_buffer),
-        HEADS_FIRST=heads_first,
         num_warps=num_warps or (8 if block_m * dim >= (32 if fp32 else 128) * 128 else 4),
         num_stages=2,
     )  # fmt: skip

@@ -8,7 +8,6 @@ import torch
 import triton
 import triton.language as tl
 
-from . import decode
 from .decode import LOG2E, _attend, _split_range, fp8_v_staging, fp16_dots
 
 
@@ -78,17 +77,11 @@ def _prefix_split_kernel(  # type: ignore[no-untyped-def]
     DOT_PRECISION: tl.constexpr,
     FP16_DOTS: tl.constexpr,
     V_STAGED: tl.constexpr,
-    HEADS_FIRST: tl.constexpr,  # grid (Hkv, NB * tiles, S) rather than (NB * tiles, Hkv, S)
 ):
     tiles = tl.cdiv(num_members, BLOCK_M)
-    if HEADS_FIRST:
-        kvh = tl.program_id(0)
-        pid = tl.program_id(1)
-    else:
-        pid = tl.program_id(0)
-        kvh = tl.program_id(1)
-    blk = pid // tiles
-    tile = pid % tiles
+    blk = tl.program_id(0) // tiles
+    tile = tl.program_id(0) % tiles
+    kvh = tl.program_id(1)
     split = tl.program_id(2)
     prefix_len = tl.load(Block_lens + blk).to(tl.int32)
     start, end, _ = _split_range(prefix_len, num_splits, split, BLOCK_N)
@@ -140,9 +133,7 @@ def shared_prefix_splits(
     # a query tile of at most 64 rows (32 in fp32): members x their G q heads
     block_m = max(1, min(members, (32 if fp32 else 64) // group))
     tiles = triton.cdiv(members, block_m)
-    heads_first = decode.GRID_HEADS_FIRST
-    grid = (k_buffer.shape[1], nb * tiles) if heads_first else (nb * tiles, k_buffer.shape[1])
-    _prefix_split_kernel[grid + (shared.num_splits,)](
+    _prefix_split_kernel[(nb * tiles, k_buffer.shape[1], shared.num_splits)](
         q, k_buffer, v_buffer, req_to_token,
         shared.block_members, shared.block_rows, shared.block_lens, part_o, part_lse,
         scale * LOG2E, shared.num_splits, col0, members,
@@ -154,6 +145,6 @@ def shared_prefix_splits(
         BLOCK_R=max(16, triton.next_power_of_2(block_m * group)),
         BLOCK_D=triton.next_power_of_2(q.shape[2]), BLOCK_N=block_n,
         DOT_PRECISION="ieee" if fp32 else "tf32", FP16_DOTS=fp16_dots(q, k_buffer),
-        V_STAGED=fp8_v_staging(q, k_buffer), HEADS_FIRST=heads_first,
+        V_STAGED=fp8_v_staging(q, k_buffer),
         num_warps=shared.num_warps or (8 if fp32 else 4), num_stages=shared.num_stages or (2 if fp32 else 3),
     )  # fmt: skip

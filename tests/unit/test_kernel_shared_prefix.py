@@ -239,16 +239,6 @@ def test_graph_style_workspace_int32_and_launch_overrides() -> None:
 
 
 @interpreted
-def test_blocks_as_the_fastest_grid_axis(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The old grid order (blocks and requests fastest; kv heads first is the default)."""
-    import sys
-
-    monkeypatch.setattr(sys.modules[f"{wk.__name__}.decode"], "GRID_HEADS_FIRST", False)
-    check(make_batch(SPLIT_GROUP, 8, 2, 32, torch.float32, 2), 3, torch.float32)
-    check(make_batch(SPLIT_GROUP, 8, 2, 32, torch.float32, 1), 1, torch.float32)
-
-
-@interpreted
 def test_no_member_shares_gives_plain_decode() -> None:
     check(make_batch(NO_SHARING, 4, 2, 32, torch.float32, 3), 2, torch.float32)
 

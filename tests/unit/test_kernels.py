@@ -300,32 +300,6 @@ def test_extend_attention(
 
 
 @interpreted
-def test_both_grid_orders_give_the_references(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Decode (split and direct) and extend with requests as the grid's fastest axis (the old
-    order; heads first is the default) against the references."""
-    monkeypatch.setattr(sys.modules[f"{wk.__name__}.decode"], "GRID_HEADS_FIRST", False)
-    monkeypatch.setattr(sys.modules[f"{wk.__name__}.extend"], "GRID_HEADS_FIRST", False)
-    lens, dim = [40, 7, 65], 32
-    pool = make_pool(lens, lens, 4, 2, dim, torch.float32)
-    q = torch.randn(3, 8, dim)
-    args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, torch.tensor(lens))
-    for splits in (1, 3):
-        out = torch.full((3, 8, dim), NAN)
-        wk.decode_attention(q, *args, out, dim**-0.5, splits)
-        assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[torch.float32])
-    prefix, ext = [20, 0, 9], [5, 17, 1]
-    pool = make_pool([p + e for p, e in zip(prefix, ext, strict=True)], prefix, 4, 2, dim,
-                     torch.float32)  # fmt: skip
-    q, k, v = torch.randn(23, 8, dim), torch.randn(23, 2, dim), torch.randn(23, 2, dim)
-    ext_t = torch.tensor(ext)
-    lens_args = (torch.tensor(prefix), ext_t, torch.cumsum(ext_t, 0) - ext_t)
-    eargs = (q, k, v, pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, *lens_args)
-    out = torch.full((23, 8, dim), NAN)
-    wk.extend_attention(*eargs, out, dim**-0.5, max(ext), block_m=16, block_n=16)
-    assert_close(out, ref.extend_attention_ref(*eargs, dim**-0.5), TOL[torch.float32])
-
-
-@interpreted
 def test_extend_attention_packs_heads_only_where_they_fit() -> None:
     """32 q heads on one kv head: 16-row blocks run one program per q head (pack_gqa=True is
     refused there); 32-row blocks can pack them, one new token per program."""
