@@ -41,7 +41,8 @@ class Job:
 
 
 class MaskWorker:
-    """One daemon thread computing prefetched masks (started on first use).
+    """One daemon thread computing prefetched masks (started on first use; `num_workers`
+    threads take jobs from one queue).
 
     Jobs run one at a time in submission order and are finished here. With `batching`, the jobs
     a thread submits inside `batch()` are handed over together when it closes, computed in
@@ -66,6 +67,8 @@ class MaskWorker:
         # (a worker taking every queued job at once, tried: 1.8 / 78.0 us; BENCHMARKS.md,
         # eleventh and thirteenth sessions)
         self.batching = os.environ.get("WEFT_MASK_BATCH", "0") == "1"
+        # Python threads taking jobs (WEFT_MASK_THREADS, for measuring; see the class NOTE)
+        self.num_workers = max(1, int(os.environ.get("WEFT_MASK_THREADS", "1")))
         self._executor: Any = None  # llguidance.LLExecutor, built on the first batch
 
     @contextmanager
@@ -100,8 +103,11 @@ class MaskWorker:
         if self._thread is None:
             with self._start_lock:
                 if self._thread is None:
-                    thread = threading.Thread(target=self._run, name="llg-mask", daemon=True)
-                    thread.start()
+                    for k in range(self.num_workers):
+                        thread = threading.Thread(
+                            target=self._run, name=f"llg-mask-{k}", daemon=True
+                        )
+                        thread.start()
                     self._thread = thread
         self._jobs.put(items)
 
@@ -131,8 +137,9 @@ class MaskWorker:
         import llguidance
 
         size = ctypes.sizeof(items[0][1])
-        if self._executor is None:
-            self._executor = llguidance.LLExecutor(self._num_threads)
+        with self._start_lock:  # NOTE: several workers may get here first together
+            if self._executor is None:
+                self._executor = llguidance.LLExecutor(self._num_threads)
         scratch = torch.empty(len(items) * size // 4, dtype=torch.int32)  # NOTE: uninitialised
         base = scratch.data_ptr()
         try:

@@ -266,3 +266,31 @@ def test_without_batching_a_batch_changes_nothing() -> None:
     with prefetch_batch():
         assert MASK_WORKER._held is None
     assert walk_in_step_batches(pairs, ids) > 100
+
+
+def test_several_worker_threads_give_the_same_masks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 3 worker threads on one queue (WEFT_MASK_THREADS) every mask still equals the
+    synchronous backend's, and jobs ran on more than one thread."""
+    import threading
+
+    from weft.constrain import llguidance_prefetch
+
+    worker = llguidance_prefetch.MaskWorker()
+    worker.num_workers = 3
+    monkeypatch.setattr(llguidance_prefetch, "MASK_WORKER", worker)
+    threads: set[str] = set()
+    put = worker._put
+
+    def spy(items: list) -> None:
+        finish = items[0][2]
+
+        def traced(address: int) -> None:
+            threads.add(threading.current_thread().name)
+            finish(address)
+
+        put([(items[0][0], items[0][1], traced, items[0][3])])
+
+    worker._put = spy  # type: ignore[method-assign]
+    pairs, ids = lock_step_pairs(40)
+    assert walk_in_step_batches(pairs, ids) > 300
+    assert len(threads) > 1, threads
