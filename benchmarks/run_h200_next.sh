@@ -6,9 +6,9 @@
 # jsonschema-specifications referencing attrs --no-deps` plus rpds-py for cp312 manylinux.
 #   bash benchmarks/run_h200_next.sh checks   # the GPU grammar test (TEST_S=0: skipped);
 #                                             # constrained decoding at batch 32 with the mask
-#                                             # worker one by one (MODES: one, two or three
-#                                             # threads) and in step batches (batch): fill
-#                                             # p50 / p99 and overhead
+#                                             # worker's threads (MODES: default, one, two)
+#                                             # or step batches (batch): fill p50 / p99 and
+#                                             # overhead
 #   bash benchmarks/run_h200_next.sh tune     # launch sweeps of the prefix-sharing decode (fp8)
 #   bash benchmarks/run_h200_next.sh nogap    # host vs device per decode step, radix cache on
 #                                             # and off, 128 x 2176/256 (the gap it looked for
@@ -26,9 +26,9 @@ case "${1:-}" in
     [ "${TEST_S:-120}" = 0 ] || timeout "${TEST_S:-120}" $PYTEST tests/gpu/test_grammar_cuda.py \
       2>&1 | tail -5 | tee "$OUT/tests.log"
     cd benchmarks
-    # the mask worker: one by one on 1 (one), 2 (two) or 3 (three) threads, step batches (batch)
-    for mode in ${MODES:-one batch}; do
-      threads=$(case $mode in two) echo 2;; three) echo 3;; *) echo 1;; esac)
+    # the mask worker: its default threads (default), 1 (one), 2 (two), or step batches (batch)
+    for mode in ${MODES:-default one}; do
+      threads=$(case $mode in one|batch) echo 1;; two) echo 2;; *) echo "";; esac)
       WEFT_MASK_THREADS=$threads WEFT_MASK_BATCH=$([ $mode = batch ] && echo 1 || echo 0) timeout "${CON_S:-120}" python3 offline.py --mode constrained \
         --no-hf --output-file "$OUT/constrained_$mode.json" 2>&1 \
         | tee "$OUT/constrained_$mode.log" | grep "^| con\|^| JSON"

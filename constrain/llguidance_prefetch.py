@@ -41,17 +41,18 @@ class Job:
 
 
 class MaskWorker:
-    """One daemon thread computing prefetched masks (started on first use; `num_workers`
-    threads take jobs from one queue).
+    """Daemon threads computing prefetched masks (started on first use: `num_workers` threads
+    taking jobs from one queue).
 
-    Jobs run one at a time in submission order and are finished here. With `batching`, the jobs
+    Each thread takes the next job in submission order, computes it and finishes it. With `batching`, the jobs
     a thread submits inside `batch()` are handed over together when it closes, computed in
     parallel by llguidance's executor (its own threads, without the GIL), and each is finished
     by the thread that waits for it (`Job.wait`). llguidance drops the GIL inside its mask
     computation, so the caller's thread runs meanwhile.
-    NOTE: one Python thread on purpose: on the H200 host (16 cores, batch 32, 128k-token
-    vocabulary) 7 Python threads gave a 325 us p99 fill against 122 us for one (GIL contention;
-    BENCHMARKS.md, sixth session).
+    NOTE: on the H200 host (16 cores, batch 32, 128k-token vocabulary) the p99 fill was 31.9 us
+    with one thread, 24.3 with two and 5.0 with three (thirteenth session); 7 threads gave 325 us
+    against 122 for one in the sixth (GIL contention). So `default_workers`: 3, fewer where
+    the cores are fewer.
     """
 
     def __init__(self, num_threads: int | None = None) -> None:
@@ -67,8 +68,9 @@ class MaskWorker:
         # (a worker taking every queued job at once, tried: 1.8 / 78.0 us; BENCHMARKS.md,
         # eleventh and thirteenth sessions)
         self.batching = os.environ.get("WEFT_MASK_BATCH", "0") == "1"
-        # Python threads taking jobs (WEFT_MASK_THREADS, for measuring; see the class NOTE)
-        self.num_workers = max(1, int(os.environ.get("WEFT_MASK_THREADS", "1")))
+        # Python threads taking jobs (WEFT_MASK_THREADS overrides, for measuring)
+        threads = os.environ.get("WEFT_MASK_THREADS")
+        self.num_workers = max(1, int(threads)) if threads else default_workers()
         self._executor: Any = None  # llguidance.LLExecutor, built on the first batch
 
     @contextmanager
@@ -165,6 +167,11 @@ def _land(src: int, keep: torch.Tensor, out: ctypes.Array[ctypes.c_int32], finis
     del keep  # held only so that `src` stays valid until here
     ctypes.memmove(out, src, ctypes.sizeof(out))
     finish(ctypes.addressof(out))
+
+
+def default_workers() -> int:
+    """Mask worker threads: 3, leaving one core to the scheduler thread on smaller machines."""
+    return max(1, min(3, (os.cpu_count() or 1) - 1))
 
 
 MASK_WORKER = MaskWorker()
