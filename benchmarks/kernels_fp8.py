@@ -96,8 +96,10 @@ def bench_prefix_decode_fp8(ceiling: float) -> None:
     prefix, fp8 pool): the runtime's launch, then sweeps of the prefix kernel's launch (own kernel
     at its default) and of the per-request kernel's (prefix kernel at the runtime's); also with
     the block tensors padded to a CUDA graph's capacity at batch 1024 (128 blocks, half empty).
-    The roofline counts the shared KV once and each request's own KV once, at 1 byte per element."""
+    The roofline counts the shared KV once and each request's own KV once, at 1 byte per element;
+    the prefix kernel is also timed alone (the own kernel's share is the difference)."""
     from weft.kernels import SharedPrefix, decode_attention, decode_num_kv_splits
+    from weft.kernels.shared_prefix import shared_prefix_splits
     from weft.runtime.shared_prefix import max_blocks, prefix_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -135,14 +137,27 @@ def bench_prefix_decode_fp8(ceiling: float) -> None:
             return time_ms(partial(decode_attention, **fixed, shared=shared, **own_launch))
 
         base = run({}, {})
+        shared = SharedPrefix(**blocks, num_splits=runtime_splits)
+        width = splits + runtime_splits
+        partials = (torch.empty(bsz, 32, width, 128, dtype=torch.float32, device="cuda"),
+                    torch.empty(bsz, 32, width, dtype=torch.float32, device="cuda"))  # fmt: skip
+        alone = time_ms(partial(
+            shared_prefix_splits, args["q"], args["k_buffer"], args["v_buffer"],
+            args["req_to_token"], shared, partials, args["scale"], splits, 128,
+        ))  # fmt: skip
+        prefix_ideal = groups * prefix * 8 * 128 * 2 / (ceiling * 1e6)
         print(f"  own {own}, {nb} blocks: runtime launch {base * 1e3:.1f} us (prefix splits "
               f"{runtime_splits}); roofline {ideal * 1e3:.1f} us ({ideal / base:.0%}); own "
-              f"kernel splits {splits}")  # fmt: skip
-        prefix_grid = [{"num_splits": sp, "block_n": bn, "num_warps": w}
-                       for sp in (1, 2, 4) for bn in (64, 128) for w in (4, 8)]  # fmt: skip
-        own_grid = [{"block_n": bn, "num_warps": 4, "num_stages": st}
-                    for bn in (64, 128) for st in (2, 3)]  # fmt: skip
+              f"kernel splits {splits}; the prefix kernel alone {alone * 1e3:.1f} us (its "
+              f"roofline {prefix_ideal * 1e3:.1f} us), so the own kernel "
+              f"~{(base - alone) * 1e3:.1f} us (its roofline "
+              f"{(ideal - prefix_ideal) * 1e3:.1f} us)")  # fmt: skip
+        prefix_grid = [{"num_splits": sp, "block_n": bn, "num_warps": w, "num_stages": st}
+                       for sp in (1, 2) for bn in (64, 128) for w in (4, 8)
+                       for st in (2, 3)]  # fmt: skip
+        own_grid = [{"block_n": bn, "num_warps": w, "num_stages": st}
+                    for bn in (32, 64, 128) for w in (2, 4, 8) for st in (1, 2, 3)]  # fmt: skip
         for name, grid, as_prefix in (("prefix", prefix_grid, True), ("own", own_grid, False)):
             times = sorted((run(c, {}) if as_prefix else run({}, c), i) for i, c in enumerate(grid))
-            best = ", ".join(f"{ms * 1e3:.1f} us {grid[i]}" for ms, i in times[:4])
+            best = ", ".join(f"{ms * 1e3:.1f} us {grid[i]}" for ms, i in times[:5])
             print(f"    {name} kernel, best of {len(grid)}: {best}")
