@@ -44,10 +44,10 @@ class MaskWorker:
     """Daemon threads computing prefetched masks (started on first use: `num_workers` threads
     taking jobs from one queue).
 
-    Each thread takes the next job in submission order, computes it and finishes it. With `batching`, the jobs
-    a thread submits inside `batch()` are handed over together when it closes, computed in
-    parallel by llguidance's executor (its own threads, without the GIL), and each is finished
-    by the thread that waits for it (`Job.wait`). llguidance drops the GIL inside its mask
+    Each thread takes the next job in submission order, computes it and finishes it. With
+    `batching`, the jobs a thread submits inside `batch()` are handed over together when it
+    closes, computed in parallel by llguidance's executor (its own threads, without the GIL), and
+    each is finished by the thread that waits for it (`Job.wait`). llguidance drops the GIL inside its mask
     computation, so the caller's thread runs meanwhile.
     NOTE: on the H200 host (16 cores, batch 32, 128k-token vocabulary) the p99 fill was 31.9 us
     with one thread, 24.3 with two and 5.0 with three (thirteenth session); 7 threads gave 325 us
