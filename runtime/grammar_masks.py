@@ -33,6 +33,22 @@ class GrammarMasks:
         self.apply_ns: deque[int] = deque(maxlen=MASK_FILL_WINDOW)
         self.num_fills = 0
 
+    def warm_up(self) -> None:
+        """CUDA with the fused apply: launch it once per variant a step can take, so that the
+        first constrained step neither compiles nor loads the Triton kernel. (Triton specializes
+        on 16-byte-aligned pointers: `apply`'s mask-row indices start 8 bytes per masked row
+        into the index tensor, so odd and even counts are two variants.)"""
+        if self.device.type != "cuda" or not self.fused:
+            return
+        from weft.kernels import apply_token_bitmask
+
+        words = (self.vocab_size + 31) // 32
+        mask = torch.full((2, words), -1, dtype=torch.int32, device=self.device)
+        logits = torch.zeros(2, self.vocab_size, dtype=torch.float32, device=self.device)
+        for n in (1, 2):
+            index = to_device(list(range(n)) * 2, torch.int64, self.device)
+            apply_token_bitmask(logits, mask, rows=index[:n], mask_rows=index[n:])
+
     def fill(self, reqs: list[Req], samplers: list[int]) -> list[int]:
         """The masks of the constrained requests among `samplers` (batch indices), each in the row
         of its request slot; their batch indices. (A request that ended since the launch, overlap

@@ -134,6 +134,7 @@ class ModelRunner:
         self.masks = GrammarMasks(
             self.req_to_token.max_reqs, self.hf_config.vocab_size, self.device, self.fused
         )
+        self.masks.warm_up()
         logger.info("KV pool: %d tokens in pages of %d", self.allocator.total_slots, self.page_size)
 
     def _num_pages(self, bytes_per_slot: int) -> int:

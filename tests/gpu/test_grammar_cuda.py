@@ -66,3 +66,39 @@ def test_constrained_requests_among_unconstrained_ones_stay_valid(
         else:
             assert re.fullmatch(REGEX, out["text"]), (i, out["text"])
     assert fills["count"] > 0 and fills["apply_p50_us"] > 0
+
+
+def test_the_fused_apply_is_warmed_up_for_every_variant_a_step_takes() -> None:
+    """After GrammarMasks.warm_up, applying masks as a step does (1, 2, 3 or 32 masked rows,
+    mask rows of the device copy) compiles no new variant of the Triton kernel."""
+    knobs = getattr(pytest.importorskip("triton"), "knobs", None)
+    if knobs is None or not hasattr(knobs.runtime, "jit_cache_hook"):
+        pytest.skip("this triton has no jit_cache_hook")
+
+    from weft.runtime.grammar_masks import GrammarMasks
+    from weft.runtime.transfer import to_device
+
+    misses: list[str] = []
+
+    def on_miss(**kwargs: object) -> bool:  # a variant not in the in-memory cache: compiled next
+        if str(kwargs.get("repr", "")).startswith("_bitmask_kernel"):
+            misses.append(str(kwargs["repr"]))
+        return False  # go on and compile it
+
+    vocab, dev = 128_256, torch.device("cuda")
+    masks = GrammarMasks(64, vocab, dev, fused=True)
+    old, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, on_miss
+    try:
+        masks.warm_up()
+        warmed = len(misses)
+        from weft.kernels import apply_token_bitmask
+
+        on_device = torch.full((64, (vocab + 31) // 32), -1, dtype=torch.int32, device=dev)
+        for n in (1, 2, 3, 32):
+            logits = torch.zeros(n + 1, vocab, device=dev)
+            index = to_device(list(range(n)) + list(range(5, 5 + n)), torch.int64, dev)
+            apply_token_bitmask(logits, on_device, rows=index[:n], mask_rows=index[n:])
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.jit_cache_hook = old
+    assert warmed >= 1 and len(misses) == warmed, misses
