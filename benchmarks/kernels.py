@@ -325,6 +325,9 @@ def main() -> None:
     parser.add_argument(
         "--fp8-prefix", action="store_true", help="only the prefix-sharing decode on an fp8 pool"
     )
+    parser.add_argument(
+        "--extend-work", action="store_true", help="only extend attention, grid vs work list"
+    )
     args = parser.parse_args()
     assert torch.cuda.is_available(), "benchmarks/kernels.py needs CUDA"
     torch.manual_seed(0)
@@ -337,6 +340,11 @@ def main() -> None:
     print(f"device-to-device copy: {ceiling:.0f} GB/s (read + write)")
     if args.shared_only:
         bench_shared_prefix(ceiling)
+        return
+    if args.extend_work:
+        from kernels_extend import bench_extend_work
+
+        bench_extend_work()
         return
     if args.fp8_prefix:
         from kernels_fp8 import bench_prefix_decode_fp8

@@ -143,3 +143,41 @@ def bench_elementwise(ceiling: float) -> None:
         print(
             f"{name:<40} {ms * 1e3:8.1f} {nbytes / ms / 1e6:7.0f} {nbytes / ms / 1e6 / ceiling:8.0%}"
         )
+
+
+def bench_extend_work() -> None:
+    """The grid of every request x its longest request's query blocks against a work list of
+    just the blocks with new tokens, heaviest first (extend_work), on batches the prefix-sharing
+    and offline runs make: TFLOP/s counting causal FLOPs."""
+    from weft.kernels import extend_attention, extend_block_tokens, extend_work
+
+    print("\nextend attention, grid vs work list, 32 q / 8 kv heads, d=128, page 16: TFLOP/s")
+    shapes = [  # label, [(cached, new)] per request, pool dtype, requests per shared prefix
+        ("a leader 2176 new + 46 followers 2048 cached + 128", [(0, 2176)] + [(2048, 128)] * 46),
+        ("8 x 2048 new", [(0, 2048)] * 8),
+        ("64 x (2048 cached + 128)", [(2048, 128)] * 64),
+        ("4 x 2048 new + 2 chunks of 64", [(0, 2048)] * 4 + [(1000, 64)] * 2),
+    ]
+    for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        for label, reqs in shapes:
+            bsz, longest = len(reqs), max(p + n for p, n in reqs)
+            args = list(extend_setup(bsz, longest - 1, 1, kv_dtype))  # pool and table only
+            prefix = [p for p, _ in reqs]
+            ext = [n for _, n in reqs]
+            tokens = sum(ext)
+            dev = "cuda"
+            q = torch.randn(tokens, 32, 128, dtype=torch.bfloat16, device=dev)
+            k = torch.randn(tokens, 8, 128, dtype=torch.bfloat16, device=dev)
+            lens = torch.tensor(ext, device=dev)
+            args[:3] = [q, k, torch.randn_like(k)]
+            args[7:13] = [torch.tensor(prefix, device=dev), lens, torch.cumsum(lens, 0) - lens,
+                          torch.empty_like(q), 128**-0.5, max(ext)]  # fmt: skip
+            block_t = extend_block_tokens(torch.bfloat16, kv_dtype, 128, 4)
+            work = torch.tensor(extend_work(ext, prefix, block_t), dtype=torch.int32, device=dev)
+            pairs = sum(n * p + n * (n + 1) // 2 for p, n in reqs)
+            flops = 4 * 128 * 32 * pairs
+            grid = time_ms(partial(extend_attention, *args))
+            listed = time_ms(partial(extend_attention, *args, work=work.view(-1, 2)))
+            pool = "fp8" if kv_dtype == torch.float8_e4m3fn else "bf16"
+            print(f"  {label}, {pool}: grid {flops / grid / 1e9:6.1f}, work list "
+                  f"{flops / listed / 1e9:6.1f} ({grid / listed:.2f}x)")  # fmt: skip

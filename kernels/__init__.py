@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .activation import silu_and_mul
     from .bitmask import apply_token_bitmask
     from .decode import decode_attention, decode_num_kv_splits
-    from .extend import extend_attention
+    from .extend import extend_attention, extend_block_tokens, extend_work
     from .kv_indices import kv_page_indices
     from .kv_store import store_kv
     from .norm import fused_add_rmsnorm, rmsnorm
@@ -31,6 +31,8 @@ _EXPORTS = {
     "decode_attention": "decode",
     "decode_num_kv_splits": "decode",
     "extend_attention": "extend",
+    "extend_block_tokens": "extend",
+    "extend_work": "extend",
     "fused_add_rmsnorm": "norm",
     "kv_page_indices": "kv_indices",
     "rmsnorm": "norm",
@@ -48,6 +50,8 @@ __all__ = [
     "decode_attention",
     "decode_num_kv_splits",
     "extend_attention",
+    "extend_block_tokens",
+    "extend_work",
     "fused_add_rmsnorm",
     "kv_page_indices",
     "rmsnorm",

@@ -23,6 +23,7 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
     Prefix_lens,  # [B]
     Extend_lens,  # [B]
     Extend_start,  # [B] first row of each request in Q/K/V/Out
+    Work,  # [W, 2] int32 (request, query block) per program (when HAS_WORK)
     Out,  # [T, H, D]
     qk_scale,  # softmax scale * log2(e)
     stride_qt,
@@ -47,6 +48,8 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
     DOT_PRECISION: tl.constexpr,
     FP16_DOTS: tl.constexpr,  # an fp8 pool under a 16-bit q: the prefix's dots in float16
     V_STAGED: tl.constexpr,  # the prefix's V tiles converted where loaded (decode.py's `_attend`)
+    HAS_WORK: tl.constexpr,  # a 1-D grid over (Work item, head group); else (B, H / PACK, blocks)
+    HEAD_GROUPS: tl.constexpr,  # H / PACK
 ):
     # One program: q heads hp*PACK .. hp*PACK+PACK-1 (kv head kvh's when packed) over
     # BLOCK_T = BLOCK_M // PACK new tokens of request b; each K/V tile is loaded once for them all.
@@ -54,9 +57,15 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
     #   query row r:  new token m_blk*BLOCK_T + r // PACK,  q head hp*PACK + r % PACK
     #   keys of request b:  [ prefix (pool, via req_to_token) | new 0 .. ext-1 (K/V) ]
     #   new token i (i < ext):   sees all prefix keys              sees new keys 0..i
-    b = tl.program_id(0)
-    hp = tl.program_id(1)
-    m_blk = tl.program_id(2)
+    if HAS_WORK:
+        w = tl.program_id(0) // HEAD_GROUPS
+        hp = tl.program_id(0) % HEAD_GROUPS
+        b = tl.load(Work + 2 * w)
+        m_blk = tl.load(Work + 2 * w + 1)
+    else:
+        b = tl.program_id(0)
+        hp = tl.program_id(1)
+        m_blk = tl.program_id(2)
     BLOCK_T: tl.constexpr = BLOCK_M // PACK
     ext_len = tl.load(Extend_lens + b).to(tl.int32)
     if m_blk * BLOCK_T < ext_len:
@@ -148,6 +157,7 @@ def extend_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     pack_gqa: bool = False,
+    work: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens over prefix + new tokens; returns `out`.
 
@@ -159,6 +169,11 @@ def extend_attention(
     device sync. `pack_gqa`: one program serves all H / Hkv q heads of a kv head, so each K/V tile
     is loaded once for them (off by default, see the NOTE below). `block_m` counts query rows:
     new tokens unpacked, (token, head) pairs packed.
+
+    `work` (int32 [W, 2], from `extend_work` with this launch's `extend_block_tokens`): the
+    programs run exactly these (request, query block) pairs, in this order, all head groups of
+    one pair side by side, instead of a grid of every request x its longest request's blocks,
+    whose blocks past a request's new tokens start and exit at once.
     """
     tokens, heads, dim = q.shape
     bsz = req_rows.shape[0]
@@ -187,31 +202,73 @@ def extend_attention(
     # pools; BENCHMARKS.md, tenth session). Unpacked over an fp8 pool, 128 x 128 tiles under 8
     # warps were best (+13-15% over 64 x 64 at 64 x (2048 + 128)); over bf16, 64 x 64 under 4.
     fp8_pool = k_buffer.element_size() == 1 and not fp32
-    if pack_gqa:
-        block_m = block_m or (32 if fp32 else 128 if dim <= 128 else 64)
-        block_n = block_n or (16 if fp32 else 64)
-    else:
-        block_m = block_m or (32 if fp32 else 128 if fp8_pool else 64)
-        block_n = block_n or (16 if fp32 else 128 if fp8_pool else 64)
+    block_m, block_n = _tiles(fp32, fp8_pool, dim, pack_gqa, block_m, block_n)
     assert block_m >= 16 and block_n >= 16, (block_m, block_n)
     pack = group if pack_gqa else 1
     assert block_m >= pack, f"block_m {block_m} < {group} q heads per kv head: it cannot pack them"
-    if max_extend_len is None:
-        max_extend_len = int(extend_lens.max()) if bsz else 0
-    if bsz == 0 or tokens == 0 or max_extend_len == 0:
-        return out
-
-    grid = (bsz, heads // pack, triton.cdiv(max_extend_len, block_m // pack))
+    if work is not None:
+        check_tensor(work, "work", (None, 2), (torch.int32,), dev)
+        if bsz == 0 or tokens == 0 or work.shape[0] == 0:
+            return out
+        grid: tuple[int, ...] = (work.shape[0] * (heads // pack),)
+    else:
+        if max_extend_len is None:
+            max_extend_len = int(extend_lens.max()) if bsz else 0
+        if bsz == 0 or tokens == 0 or max_extend_len == 0:
+            return out
+        grid = (bsz, heads // pack, triton.cdiv(max_extend_len, block_m // pack))
     _extend_kernel[grid](
         q, k, v, k_buffer, v_buffer, req_to_token, req_rows, prefix_lens, extend_lens,
-        extend_start_loc, out, scale * LOG2E,
+        extend_start_loc, extend_lens if work is None else work, out, scale * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         req_to_token.stride(0), out.stride(0), out.stride(1),
         G=group, PACK=pack, D=dim, BLOCK_D=triton.next_power_of_2(dim), BLOCK_M=block_m,
         BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
         FP16_DOTS=fp16_dots(q, k_buffer), V_STAGED=fp8_v_staging(q, k_buffer),
+        HAS_WORK=work is not None, HEAD_GROUPS=heads // pack,
         num_warps=num_warps or (8 if block_m * dim >= (32 if fp32 else 128) * 128 else 4),
         num_stages=2,
     )  # fmt: skip
     return out
+
+
+def _tiles(
+    fp32: bool, fp8_pool: bool, dim: int, pack_gqa: bool, block_m: int | None, block_n: int | None
+) -> tuple[int, int]:
+    """The launch's (block_m, block_n): the given ones, else the defaults (see extend_attention)."""
+    if pack_gqa:
+        return block_m or (32 if fp32 else 128 if dim <= 128 else 64), block_n or (
+            16 if fp32 else 64
+        )
+    return block_m or (32 if fp32 else 128 if fp8_pool else 64), block_n or (
+        16 if fp32 else 128 if fp8_pool else 64
+    )
+
+
+def extend_block_tokens(
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    dim: int,
+    group: int,
+    pack_gqa: bool = False,
+    block_m: int | None = None,
+) -> int:
+    """New tokens per query block of extend_attention's launch with these arguments (what
+    `extend_work` needs): block_m rows, of `group` heads each when packed."""
+    fp32 = q_dtype == torch.float32
+    rows, _ = _tiles(fp32, kv_dtype.itemsize == 1 and not fp32, dim, pack_gqa, block_m, None)
+    return rows // (group if pack_gqa else 1)
+
+
+def extend_work(extend_lens: list[int], prefix_lens: list[int], block_tokens: int) -> list[int]:
+    """Every query block with new tokens, flat as [request, block, request, block, ...]: the
+    blocks with the most keys to walk first, so the longest programs start first and the last
+    wave is short (a stable order: ties keep request order)."""
+    items = [
+        (prefix + min(n, (m + 1) * block_tokens), b, m)
+        for b, (n, prefix) in enumerate(zip(extend_lens, prefix_lens, strict=True))
+        for m in range(-(-n // block_tokens))
+    ]
+    items.sort(key=lambda item: -item[0])
+    return [x for _, b, m in items for x in (b, m)]

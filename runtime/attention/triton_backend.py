@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from weft.kernels import FP8_KV, SharedPrefix, decode_attention, extend_attention, store_kv
+from weft.kernels import (
+    FP8_KV,
+    SharedPrefix,
+    decode_attention,
+    extend_attention,
+    extend_block_tokens,
+    extend_work,
+    store_kv,
+)
 from weft.kernels.decode import decode_num_kv_splits
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch
@@ -49,6 +57,8 @@ class TritonAttentionBackend(AttentionBackend):
             self.num_sms = 4
         self.kv_starts: torch.Tensor | None = None
         self.shared: SharedPrefix | None = None
+        self.work: torch.Tensor | None = None  # an extend step's query blocks (extend_work)
+        self._work_lens: tuple[list[int], list[int]] = ([], [])  # its extend and prefix lengths
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
         self._static: tuple[torch.Tensor, ...] | None = None
 
@@ -121,6 +131,10 @@ class TritonAttentionBackend(AttentionBackend):
             self.prefix_lens = batch.seq_lens[:p] - ext
             self.extend_start = torch.cumsum(ext, 0) - ext
             self.max_extend = max(lens[:p])
+            # the query blocks to run (extend_work), built at the first layer (q's dtype)
+            self.work = None
+            seq = batch.seq_lens_cpu[:p]
+            self._work_lens = (lens[:p], [s - n for s, n in zip(seq, lens[:p], strict=True)])
 
     def forward(
         self,
@@ -151,6 +165,11 @@ class TritonAttentionBackend(AttentionBackend):
             )
         else:
             p, t = self.num_extend, self.extend_tokens
+            if self.work is None:
+                group = q.shape[1] // k.shape[1]
+                tokens = extend_block_tokens(q.dtype, k_buf.dtype, q.shape[2], group)
+                items = extend_work(*self._work_lens, tokens)
+                self.work = to_device(items, torch.int32, self.device).view(-1, 2)
             extend_attention(
                 q[:t],
                 k[:t],
@@ -165,6 +184,7 @@ class TritonAttentionBackend(AttentionBackend):
                 out[:t],
                 scale,
                 max_extend_len=self.max_extend,
+                work=self.work,
             )
             if t < q.shape[0]:  # the decodes after them
                 decode_attention(

@@ -299,6 +299,39 @@ def test_extend_attention(
     assert_close(out, ref.extend_attention_ref(*args, dim**-0.5), TOL[dtype])
 
 
+@pytest.mark.parametrize("pack_gqa, dtype", [(False, torch.float32), (True, torch.float16)])
+@interpreted
+def test_extend_attention_runs_a_work_list(pack_gqa: bool, dtype: torch.dtype) -> None:
+    """With `work` (extend_work's query blocks, heaviest first; requests of 0 new tokens give
+    none), the programs run just those blocks: the reference's output, every row written; the
+    same in another order."""
+    heads, hkv, dim, page = 8, 2, 32, 4
+    prefix, ext = [20, 0, 9, 33, 5], [5, 40, 0, 1, 17]
+    lens = [p + e for p, e in zip(prefix, ext, strict=True)]
+    pool = make_pool(lens, prefix, page, hkv, dim, dtype)
+    tokens = sum(ext)
+    q = torch.randn(tokens, heads, dim).to(dtype)
+    k = torch.randn(tokens, hkv, dim).to(dtype)
+    v = torch.randn(tokens, hkv, dim).to(dtype)
+    ext_t = torch.tensor(ext)
+    lens_args = (torch.tensor(prefix), ext_t, torch.cumsum(ext_t, 0) - ext_t)
+    args = (q, k, v, pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, *lens_args)
+    expected = ref.extend_attention_ref(*args, dim**-0.5)
+    block_m = 16
+    block_t = wk.extend_block_tokens(dtype, dtype, dim, heads // hkv, pack_gqa, block_m)
+    assert block_t == (16 // 4 if pack_gqa else 16)
+    items = wk.extend_work(ext, prefix, block_t)
+    pairs = list(zip(items[::2], items[1::2], strict=True))
+    assert sorted(pairs) == [(b, m) for b, n in enumerate(ext) for m in range(-(-n // block_t))]
+    keys = [prefix[b] + min(ext[b], (m + 1) * block_t) for b, m in pairs]
+    assert keys == sorted(keys, reverse=True)  # the longest walks first
+    for order in (items, [x for pair in reversed(pairs) for x in pair]):
+        work = torch.tensor(order, dtype=torch.int32).view(-1, 2)
+        out = torch.full((tokens, heads, dim), NAN, dtype=dtype)
+        wk.extend_attention(*args, out, dim**-0.5, block_m=block_m, pack_gqa=pack_gqa, work=work)
+        assert_close(out, expected, TOL[dtype])
+
+
 @interpreted
 def test_extend_attention_packs_heads_only_where_they_fit() -> None:
     """32 q heads on one kv head: 16-row blocks run one program per q head (pack_gqa=True is
