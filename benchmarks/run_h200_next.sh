@@ -9,7 +9,13 @@
 #                                             # worker's threads (MODES: default, one, two)
 #                                             # or step batches (batch): fill p50 / p99 and
 #                                             # overhead
-#   bash benchmarks/run_h200_next.sh tune     # launch sweeps of the prefix-sharing decode (fp8)
+#   bash benchmarks/run_h200_next.sh extend   # the extend kernel's work list (opt-in,
+#                                             # WEFT_EXTEND_WORK=1): GPU tests (and the mask
+#                                             # kernel's warm-up test), grid vs work list timed;
+#                                             # then PRE_S=330 WEFT_EXTEND_WORK=1 bash
+#                                             # benchmarks/run_h200_fp8.sh prefix if it wins
+#   bash benchmarks/run_h200_next.sh tune     # launch sweeps of the prefix-sharing decode (fp8),
+#                                             # the prefix kernel also timed alone
 #   bash benchmarks/run_h200_next.sh nogap    # host vs device per decode step, radix cache on
 #                                             # and off, 128 x 2176/256 (the gap it looked for
 #                                             # closed in the twelfth session: on / off 1.000)
@@ -34,6 +40,13 @@ case "${1:-}" in
         | tee "$OUT/constrained_$mode.log" | grep "^| con\|^| JSON"
     done
     ;;
+  extend)
+    timeout "${TEST_S:-150}" python3 -m pytest -v -p no:cacheprovider tests/gpu/test_kernels_cuda.py \
+      -k "extend or warmed" tests/gpu/test_grammar_cuda.py 2>&1 \
+      | grep -E "PASS|FAIL|ERROR|passed|failed" | tee "$OUT/tests_extend.log"
+    (cd benchmarks && timeout "${EXT_S:-150}" python3 kernels.py --extend-work 2>&1 \
+      | tee "$OUT/extend_work.log")
+    ;;
   tune)
     cd benchmarks
     timeout "${TUNE_S:-400}" python3 kernels.py --fp8-prefix 2>&1 | tee "$OUT/fp8_prefix.log"
@@ -46,5 +59,5 @@ case "${1:-}" in
         | tee -a "$OUT/nogap.log" | grep "DECODE\|medians\|steps in"
     done
     ;;
-  *) echo "usage: $0 checks|tune|nogap" >&2; exit 2 ;;
+  *) echo "usage: $0 checks|extend|tune|nogap" >&2; exit 2 ;;
 esac

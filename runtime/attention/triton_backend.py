@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from weft.kernels import (
@@ -57,7 +59,10 @@ class TritonAttentionBackend(AttentionBackend):
             self.num_sms = 4
         self.kv_starts: torch.Tensor | None = None
         self.shared: SharedPrefix | None = None
-        self.work: torch.Tensor | None = None  # an extend step's query blocks (extend_work)
+        # an extend step's query blocks (extend_work) instead of the full grid: opt-in
+        # (WEFT_EXTEND_WORK=1) until measured on a GPU (`benchmarks/kernels.py --extend-work`)
+        self.use_work = os.environ.get("WEFT_EXTEND_WORK", "0") == "1"
+        self.work: torch.Tensor | None = None
         self._work_lens: tuple[list[int], list[int]] = ([], [])  # its extend and prefix lengths
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
         self._static: tuple[torch.Tensor, ...] | None = None
@@ -165,7 +170,7 @@ class TritonAttentionBackend(AttentionBackend):
             )
         else:
             p, t = self.num_extend, self.extend_tokens
-            if self.work is None:
+            if self.work is None and self.use_work:
                 group = q.shape[1] // k.shape[1]
                 tokens = extend_block_tokens(q.dtype, k_buf.dtype, q.shape[2], group)
                 items = extend_work(*self._work_lens, tokens)

@@ -180,6 +180,7 @@ EXTEND_CASES = [
 ]
 
 
+@pytest.mark.parametrize("work", [False, True], ids=["grid", "work-list"])
 @pytest.mark.parametrize(
     "bsz, heads, hkv, dim, page, max_prefix, max_ext, dtype, pack_gqa", EXTEND_CASES
 )
@@ -193,7 +194,9 @@ def test_extend_attention(
     max_ext: int,
     dtype: torch.dtype,
     pack_gqa: bool,
+    work: bool,
 ) -> None:
+    """Over the full grid, or a work list of the query blocks (extend_work, heaviest first)."""
     prefix = ragged(bsz, 0, max_prefix)
     ext = ragged(bsz, 1, max_ext)
     lens = [p + e for p, e in zip(prefix, ext, strict=True)]
@@ -206,7 +209,12 @@ def test_extend_attention(
     meta = (rows, torch.tensor(prefix, device=DEV), ext_t, torch.cumsum(ext_t, 0) - ext_t)
     out = torch.full_like(q, float("nan"))
     args = (q, k, v, k_buffer, v_buffer, table, *meta)
-    wk.extend_attention(*args, out, dim**-0.5, max(ext), pack_gqa=pack_gqa)
+    listed = None
+    if work:
+        block_t = wk.extend_block_tokens(dtype, k_buffer.dtype, dim, heads // hkv, pack_gqa)
+        items = wk.extend_work(ext, prefix, block_t)
+        listed = torch.tensor(items, dtype=torch.int32, device=DEV).view(-1, 2)
+    wk.extend_attention(*args, out, dim**-0.5, max(ext), pack_gqa=pack_gqa, work=listed)
     assert_close(out, ref.extend_attention_ref(*args, dim**-0.5), TOL[dtype])
 
 

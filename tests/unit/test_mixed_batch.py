@@ -99,13 +99,16 @@ for backend in ("torch", "triton"):
     out[backend] = o
     if backend == "triton":
         split = (attn.num_extend, attn.extend_tokens)
+        listed = None if attn.work is None else attn.work.tolist()
 err = (out["triton"] - out["torch"]).abs().max().item()
-print("RESULT " + json.dumps({"err": err, "split": split}))
+print("RESULT " + json.dumps({"err": err, "split": split, "work": listed}))
 """
 
 
-def test_triton_backend_splits_a_mixed_batch() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+@pytest.mark.parametrize("work", ["0", "1"], ids=["grid", "work-list"])
+def test_triton_backend_splits_a_mixed_batch(work: str) -> None:
+    """Its prefills run the extend kernel over the full grid or a work list (WEFT_EXTEND_WORK)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "WEFT_EXTEND_WORK": work}
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, str(HERE)], env=env, capture_output=True, text=True,
         timeout=600,
@@ -114,4 +117,6 @@ def test_triton_backend_splits_a_mixed_batch() -> None:
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(lines[-1].removeprefix("RESULT "))
     assert result["split"] == [2, 16], result  # the 2 prefills (9 + 7 tokens), then 3 decodes
+    # fp32 tiles of 32 tokens: one block each, the one with more keys (5 + 7) first
+    assert result["work"] == (None if work == "0" else [[1, 0], [0, 0]]), result
     assert result["err"] < 1e-4, result
