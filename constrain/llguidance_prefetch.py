@@ -47,8 +47,8 @@ class MaskWorker:
     Each thread takes the next job in submission order, computes it and finishes it. With
     `batching`, the jobs a thread submits inside `batch()` are handed over together when it
     closes, computed in parallel by llguidance's executor (its own threads, without the GIL), and
-    each is finished by the thread that waits for it (`Job.wait`). llguidance drops the GIL inside its mask
-    computation, so the caller's thread runs meanwhile.
+    each is finished by the thread that waits for it (`Job.wait`). llguidance drops the GIL
+    inside its mask computation, so the caller's thread runs meanwhile.
     NOTE: on the H200 host (16 cores, batch 32, 128k-token vocabulary) the p99 fill was 31.9 us
     with one thread, 24.3 with two and 5.0 with three (thirteenth session); 7 threads gave 325 us
     against 122 for one in the sixth (GIL contention). So `default_workers`: 3, fewer where
@@ -57,7 +57,7 @@ class MaskWorker:
 
     def __init__(self, num_threads: int | None = None) -> None:
         self._jobs: queue.SimpleQueue[list[Item]] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._started = False  # the worker threads
         self._start_lock = threading.Lock()
         self._held: list[Item] | None = None  # jobs of the open batch
         self._holder: int | None = None  # the thread that opened it
@@ -102,15 +102,13 @@ class MaskWorker:
     ##### Internal Helper Functions #####
 
     def _put(self, items: list[Item]) -> None:
-        if self._thread is None:
+        if not self._started:
             with self._start_lock:
-                if self._thread is None:
+                if not self._started:
                     for k in range(self.num_workers):
-                        thread = threading.Thread(
-                            target=self._run, name=f"llg-mask-{k}", daemon=True
-                        )
-                        thread.start()
-                    self._thread = thread
+                        name = f"llg-mask-{k}"
+                        threading.Thread(target=self._run, name=name, daemon=True).start()
+                    self._started = True
         self._jobs.put(items)
 
     def _run(self) -> None:

@@ -238,12 +238,11 @@ def _tiles(
 ) -> tuple[int, int]:
     """The launch's (block_m, block_n): the given ones, else the defaults (see extend_attention)."""
     if pack_gqa:
-        return block_m or (32 if fp32 else 128 if dim <= 128 else 64), block_n or (
-            16 if fp32 else 64
-        )
-    return block_m or (32 if fp32 else 128 if fp8_pool else 64), block_n or (
-        16 if fp32 else 128 if fp8_pool else 64
-    )
+        rows, keys = (32 if fp32 else 128 if dim <= 128 else 64), (16 if fp32 else 64)
+    else:
+        rows = 32 if fp32 else 128 if fp8_pool else 64
+        keys = 16 if fp32 else 128 if fp8_pool else 64
+    return block_m or rows, block_n or keys
 
 
 def extend_block_tokens(

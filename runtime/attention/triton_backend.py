@@ -136,10 +136,10 @@ class TritonAttentionBackend(AttentionBackend):
             self.prefix_lens = batch.seq_lens[:p] - ext
             self.extend_start = torch.cumsum(ext, 0) - ext
             self.max_extend = max(lens[:p])
-            # the query blocks to run (extend_work), built at the first layer (q's dtype)
-            self.work = None
-            seq = batch.seq_lens_cpu[:p]
-            self._work_lens = (lens[:p], [s - n for s, n in zip(seq, lens[:p], strict=True)])
+            self.work = None  # the query blocks to run (extend_work), built at the first layer
+            if self.use_work:
+                seq = batch.seq_lens_cpu[:p]
+                self._work_lens = (lens[:p], [s - n for s, n in zip(seq, lens[:p], strict=True)])
 
     def forward(
         self,

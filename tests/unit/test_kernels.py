@@ -264,6 +264,22 @@ EXTEND_CASES = [
 ]
 
 
+def extend_args(
+    heads: int, hkv: int, dim: int, page: int, dtype: torch.dtype, prefix: list[int], ext: list[int]
+) -> tuple[Any, ...]:
+    """extend_attention's inputs up to `out`: random q/k/v for the new tokens, a pool holding the
+    prefixes (the new tokens' pool slots stay NaN: their K/V must come from k/v, not the pool)."""
+    lens = [max(p + e, 1) for p, e in zip(prefix, ext, strict=True)]
+    pool = make_pool(lens, prefix, page, hkv, dim, dtype)
+    tokens = sum(ext)
+    q = torch.randn(tokens, heads, dim).to(dtype)
+    k = torch.randn(tokens, hkv, dim).to(dtype)
+    v = torch.randn(tokens, hkv, dim).to(dtype)
+    ext_t = torch.tensor(ext)
+    lens_args = (torch.tensor(prefix), ext_t, torch.cumsum(ext_t, 0) - ext_t)
+    return (q, k, v, pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, *lens_args)
+
+
 @pytest.mark.parametrize("pack_gqa", [True, False])
 @pytest.mark.parametrize(
     "heads, hkv, dim, page, dtype, prefix, ext, block_m, block_n", EXTEND_CASES
@@ -283,17 +299,8 @@ def test_extend_attention(
 ) -> None:
     """Packed (a kv head's q heads in one program, rows = token x head) and one program per q
     head; G = 1 packed is one head per program."""
-    # the new tokens' pool slots stay NaN: their K/V must come from k/v, not the pool
-    lens = [max(p + e, 1) for p, e in zip(prefix, ext, strict=True)]
-    pool = make_pool(lens, prefix, page, hkv, dim, dtype)
-    tokens = sum(ext)
-    q = torch.randn(tokens, heads, dim).to(dtype)
-    k = torch.randn(tokens, hkv, dim).to(dtype)
-    v = torch.randn(tokens, hkv, dim).to(dtype)
-    ext_t = torch.tensor(ext)
-    lens_args = (torch.tensor(prefix), ext_t, torch.cumsum(ext_t, 0) - ext_t)
-    out = torch.full((tokens, heads, dim), NAN, dtype=dtype)
-    args = (q, k, v, pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, *lens_args)
+    args = extend_args(heads, hkv, dim, page, dtype, prefix, ext)
+    out = torch.full(args[0].shape, NAN, dtype=dtype)
     launch = {"block_m": block_m, "block_n": block_n, "pack_gqa": pack_gqa}
     wk.extend_attention(*args, out, dim**-0.5, max(ext), **launch)
     assert_close(out, ref.extend_attention_ref(*args, dim**-0.5), TOL[dtype])
@@ -307,15 +314,7 @@ def test_extend_attention_runs_a_work_list(pack_gqa: bool, dtype: torch.dtype) -
     same in another order."""
     heads, hkv, dim, page = 8, 2, 32, 4
     prefix, ext = [20, 0, 9, 33, 5], [5, 40, 0, 1, 17]
-    lens = [p + e for p, e in zip(prefix, ext, strict=True)]
-    pool = make_pool(lens, prefix, page, hkv, dim, dtype)
-    tokens = sum(ext)
-    q = torch.randn(tokens, heads, dim).to(dtype)
-    k = torch.randn(tokens, hkv, dim).to(dtype)
-    v = torch.randn(tokens, hkv, dim).to(dtype)
-    ext_t = torch.tensor(ext)
-    lens_args = (torch.tensor(prefix), ext_t, torch.cumsum(ext_t, 0) - ext_t)
-    args = (q, k, v, pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, *lens_args)
+    args = extend_args(heads, hkv, dim, page, dtype, prefix, ext)
     expected = ref.extend_attention_ref(*args, dim**-0.5)
     block_m = 16
     block_t = wk.extend_block_tokens(dtype, dtype, dim, heads // hkv, pack_gqa, block_m)
@@ -327,7 +326,7 @@ def test_extend_attention_runs_a_work_list(pack_gqa: bool, dtype: torch.dtype) -
     assert keys == sorted(keys, reverse=True)  # the longest walks first
     for order in (items, [x for pair in reversed(pairs) for x in pair]):
         work = torch.tensor(order, dtype=torch.int32).view(-1, 2)
-        out = torch.full((tokens, heads, dim), NAN, dtype=dtype)
+        out = torch.full(args[0].shape, NAN, dtype=dtype)
         wk.extend_attention(*args, out, dim**-0.5, block_m=block_m, pack_gqa=pack_gqa, work=work)
         assert_close(out, expected, TOL[dtype])
 

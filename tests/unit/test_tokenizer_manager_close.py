@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from weft.runtime.tokenizer_manager import TokenizerManager
 
 
-def test_abort_after_close_sends_nothing_and_leaves_no_failed_future() -> None:
+def test_abort_after_close_sends_nothing_and_leaves_no_failed_future(tmp_path: Path) -> None:
     errors: list[dict[str, Any]] = []
 
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
-        folder = Path(tempfile.mkdtemp(prefix="weft-tm-"))
+        folder = tmp_path
         tm = TokenizerManager(
             tokenizer=None,
             info=None,  # type: ignore[arg-type]
