@@ -143,7 +143,8 @@ def profile_scheduler(args: argparse.Namespace) -> None:
         sched.handle(TokenizedGenerateReq(str(i), ids, params, args.output_len))
     steps: list[tuple[str, int, float, float, float]] = []  # mode, batch, ms: sched/launch/results
     prof = cProfile.Profile()
-    trace = KernelTrace(args.trace_steps, int(args.max_running * 0.9))
+    mode = ForwardMode.EXTEND if args.trace_extend else ForwardMode.DECODE
+    trace = KernelTrace(args.trace_steps, int(args.max_running * 0.9), mode)
     t_start = time.perf_counter()
     while sched.has_work():
         if args.cprofile:
@@ -200,16 +201,17 @@ def prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
 
 
 class KernelTrace:
-    """torch.profiler over `steps` consecutive decode steps of at least `min_batch` requests (the
-    first ones met), then a table of their kernels by GPU time."""
+    """torch.profiler over `steps` consecutive steps of `mode` (decode steps: of at least
+    `min_batch` requests; the first ones met), then a table of their kernels by GPU time."""
 
-    def __init__(self, steps: int, min_batch: int) -> None:
-        self.left, self.min_batch, self.traced = steps, min_batch, 0
+    def __init__(self, steps: int, min_batch: int, mode: ForwardMode = ForwardMode.DECODE) -> None:
+        self.left, self.traced = steps, 0
+        self.mode, self.min_batch = mode, (min_batch if mode == ForwardMode.DECODE else 0)
         self.prof: torch.profiler.profile | None = None
 
     def before(self, batch: Batch | None) -> None:
         """Called before each step is launched."""
-        big = batch is not None and batch.mode == ForwardMode.DECODE
+        big = batch is not None and batch.mode == self.mode
         big = big and batch is not None and len(batch.reqs) >= self.min_batch
         if self.left < 0:  # done
             return
@@ -228,7 +230,8 @@ class KernelTrace:
 
     def _stop(self) -> None:
         if self.left >= 0:
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             assert self.prof is not None
             self.prof.stop()
         self.left = -1  # done
@@ -237,7 +240,8 @@ class KernelTrace:
         if self.prof is None:
             return
         self._stop()
-        print(f"kernels of {self.traced} decode steps at batch >= {self.min_batch} (with overlap")
+        what = f"{self.mode.name.lower()} steps at batch >= {self.min_batch}"
+        print(f"kernels of {self.traced} {what} (with overlap")
         print("scheduling, the first traced step's GPU work may fall partly outside the trace):")
         table = self.prof.key_averages().table(
             sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=70
@@ -320,6 +324,7 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=16, help="scheduler: requests per group")
     ap.add_argument("--prefix-len", type=int, default=2048, help="scheduler: shared tokens")
     ap.add_argument("--trace-steps", type=int, default=0, help="scheduler: decode steps to trace")
+    ap.add_argument("--trace-extend", action="store_true", help="scheduler: trace extend steps")
     ap.add_argument(
         "--no-model", action="store_true", help="scheduler: host work only (see host_work_only)"
     )

@@ -9,11 +9,12 @@
 #                                             # worker's threads (MODES: default, one, two)
 #                                             # or step batches (batch): fill p50 / p99 and
 #                                             # overhead
-#   bash benchmarks/run_h200_next.sh extend   # the extend kernel's work list (opt-in,
-#                                             # WEFT_EXTEND_WORK=1): GPU tests (and the mask
-#                                             # kernel's warm-up test), grid vs work list timed;
-#                                             # then PRE_S=330 WEFT_EXTEND_WORK=1 bash
-#                                             # benchmarks/run_h200_fp8.sh prefix if it wins
+#   bash benchmarks/run_h200_next.sh extend   # the extend kernel's work list (the default on
+#                                             # fp8 pools; WEFT_EXTEND_WORK=0 / 1 forces it):
+#                                             # GPU tests (and the mask kernel's warm-up test),
+#                                             # grid vs work list timed
+#   bash benchmarks/run_h200_next.sh extprof  # kernels of the prefix-sharing run's extend steps
+#                                             # (fp8, 64 groups x 16 on 2048 + 128) by GPU time
 #   bash benchmarks/run_h200_next.sh tune     # launch sweeps of the prefix-sharing decode (fp8),
 #                                             # the prefix kernel also timed alone
 #   bash benchmarks/run_h200_next.sh nogap    # host vs device per decode step, radix cache on
@@ -47,6 +48,13 @@ case "${1:-}" in
     (cd benchmarks && timeout "${EXT_S:-150}" python3 kernels.py --extend-work 2>&1 \
       | tee "$OUT/extend_work.log")
     ;;
+  extprof)
+    cd benchmarks
+    timeout "${PROF_S:-200}" python3 profile_step.py scheduler --kv-cache-dtype fp8_e4m3 \
+      --groups 64 --group-size 16 --prefix-len 2048 --input-len 128 --output-len 4 \
+      --max-running 1024 --trace-steps "${STEPS:-6}" --trace-extend --rows 30 2>&1 \
+      | tee "$OUT/extprof.log" | grep -v "^\s*$" | tail -60
+    ;;
   tune)
     cd benchmarks
     timeout "${TUNE_S:-400}" python3 kernels.py --fp8-prefix 2>&1 | tee "$OUT/fp8_prefix.log"
@@ -59,5 +67,5 @@ case "${1:-}" in
         | tee -a "$OUT/nogap.log" | grep "DECODE\|medians\|steps in"
     done
     ;;
-  *) echo "usage: $0 checks|extend|tune|nogap" >&2; exit 2 ;;
+  *) echo "usage: $0 checks|extend|extprof|tune|nogap" >&2; exit 2 ;;
 esac

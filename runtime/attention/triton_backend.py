@@ -59,9 +59,14 @@ class TritonAttentionBackend(AttentionBackend):
             self.num_sms = 4
         self.kv_starts: torch.Tensor | None = None
         self.shared: SharedPrefix | None = None
-        # an extend step's query blocks (extend_work) instead of the full grid: opt-in
-        # (WEFT_EXTEND_WORK=1) until measured on a GPU (`benchmarks/kernels.py --extend-work`)
-        self.use_work = os.environ.get("WEFT_EXTEND_WORK", "0") == "1"
+        # an extend step's query blocks (extend_work) instead of the full grid: on an fp8 pool,
+        # where it ran at 1.07-1.14x of the grid on the H200; over bf16 it ran at 0.68-0.79x on
+        # batches of followers with a long cached prefix (BENCHMARKS.md, fourteenth session).
+        # WEFT_EXTEND_WORK=1 / 0 forces it on / off, for measuring.
+        forced = os.environ.get("WEFT_EXTEND_WORK", "auto")
+        if forced not in ("auto", "0", "1"):
+            raise ValueError(f"WEFT_EXTEND_WORK must be auto, 0 or 1, got {forced!r}")
+        self.use_work = pool.k[0].dtype == FP8_KV if forced == "auto" else forced == "1"
         self.work: torch.Tensor | None = None
         self._work_lens: tuple[list[int], list[int]] = ([], [])  # its extend and prefix lengths
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens

@@ -120,3 +120,29 @@ def test_triton_backend_splits_a_mixed_batch(work: str) -> None:
     # fp32 tiles of 32 tokens: one block each, the one with more keys (5 + 7) first
     assert result["work"] == (None if work == "0" else [[1, 0], [0, 0]]), result
     assert result["err"] < 1e-4, result
+
+
+def test_triton_backend_takes_the_work_list_by_default_on_an_fp8_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The work list is the default where it was measured to win (an fp8 pool), the grid over
+    16-bit pools; WEFT_EXTEND_WORK forces either, and a bad value is refused."""
+    pytest.importorskip("triton")
+    import torch
+
+    from weft.runtime.attention.triton_backend import TritonAttentionBackend
+    from weft.runtime.memory import FP8_KV, KVPool
+
+    def uses_work(dtype: torch.dtype) -> bool:
+        pool = KVPool(32, 1, 2, 16, dtype, "cpu")
+        return TritonAttentionBackend(pool, torch.zeros(4, 32, dtype=torch.int32)).use_work
+
+    monkeypatch.delenv("WEFT_EXTEND_WORK", raising=False)
+    assert uses_work(FP8_KV) and not uses_work(torch.bfloat16)
+    monkeypatch.setenv("WEFT_EXTEND_WORK", "0")
+    assert not uses_work(FP8_KV)
+    monkeypatch.setenv("WEFT_EXTEND_WORK", "1")
+    assert uses_work(torch.bfloat16)
+    monkeypatch.setenv("WEFT_EXTEND_WORK", "yes")
+    with pytest.raises(ValueError, match="WEFT_EXTEND_WORK must be auto, 0 or 1"):
+        uses_work(torch.bfloat16)
