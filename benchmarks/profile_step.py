@@ -243,10 +243,12 @@ class KernelTrace:
         what = f"{self.mode.name.lower()} steps at batch >= {self.min_batch}"
         print(f"kernels of {self.traced} {what} (with overlap")
         print("scheduling, the first traced step's GPU work may fall partly outside the trace):")
-        table = self.prof.key_averages().table(
-            sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=70
-        )
-        print(table)
+        for key in ("self_cuda_time_total", "self_cpu_time_total"):
+            print(f"by {key}:")
+            table = self.prof.key_averages().table(
+                sort_by=key, row_limit=rows, max_name_column_width=70
+            )
+            print(table)
 
 
 def host_work_only(runner: ModelRunner, hidden_size: int) -> None:

@@ -14,7 +14,9 @@
 #                                             # GPU tests (and the mask kernel's warm-up test),
 #                                             # grid vs work list timed
 #   bash benchmarks/run_h200_next.sh extprof  # kernels of the prefix-sharing run's extend steps
-#                                             # (fp8, 64 groups x 16 on 2048 + 128) by GPU time
+#                                             # (fp8, 64 groups x 16 on 2048 + 128) by GPU and
+#                                             # host time; untraced with expandable segments;
+#                                             # a GEMM's host time at new token counts
 #   bash benchmarks/run_h200_next.sh tune     # launch sweeps of the prefix-sharing decode (fp8),
 #                                             # the prefix kernel also timed alone
 #   bash benchmarks/run_h200_next.sh nogap    # host vs device per decode step, radix cache on
@@ -54,6 +56,12 @@ case "${1:-}" in
       --groups 64 --group-size 16 --prefix-len 2048 --input-len 128 --output-len 4 \
       --max-running 1024 --trace-steps "${STEPS:-6}" --trace-extend --rows 30 2>&1 \
       | tee "$OUT/extprof.log" | grep -v "^\s*$" | tail -60
+    # the same run untraced under expandable segments (the caching allocator's other mode)
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout "${PROF_S:-200}" python3 \
+      profile_step.py scheduler --kv-cache-dtype fp8_e4m3 --groups 64 --group-size 16 \
+      --prefix-len 2048 --input-len 128 --output-len 4 --max-running 1024 2>&1 \
+      | tee "$OUT/extprof_expandable.log" | grep "EXTEND\|DECODE\|medians\|steps in"
+    timeout 60 python3 gemm_host.py 2>&1 | tee "$OUT/gemm_host.log"
     ;;
   tune)
     cd benchmarks

@@ -339,7 +339,16 @@ def decode_attention(
     # NOTE: float32 tiles are halved: at 64 keys the fp32 (FMA) dot spills on sm_90 (ptxas report)
     # an fp8 pool: 128 keys per tile keep a tile's bytes those of 64 bf16 keys (measured best)
     default_n = 32 if fp32 else 128 if k_buffer.element_size() == 1 else 64
-    block_n = block_n or default_n
+    own_launch = (None, None, None)
+    if shared is not None and k_buffer.element_size() == 1 and not fp32:
+        # NOTE: the members' own keys behind a shared prefix are few (the prefix-sharing run:
+        # 129-384): 32-key tiles under 2 warps, many programs per SM. H200, 1024 members of 64
+        # prefixes of 2048: both kernels 353 -> 280 us at own 160, 440 -> 425 us at own 384
+        # (BENCHMARKS.md, fourteenth session)
+        own_launch = (32, 2, 2)
+    block_n = block_n or own_launch[0] or default_n
+    num_warps = num_warps or own_launch[1]
+    num_stages = num_stages or own_launch[2]
     assert num_kv_splits >= 1 and block_n >= 16, (num_kv_splits, block_n)
     prefix_splits, prefix_block_n = 0, 16  # nothing shared: the reduce reads no prefix column
     if shared is not None:

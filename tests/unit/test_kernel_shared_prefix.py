@@ -238,6 +238,16 @@ def test_graph_style_workspace_int32_and_launch_overrides() -> None:
     check(batch, 3, torch.float32, partials=partials, **launch)
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+@interpreted
+def test_own_and_prefix_tiles_of_different_sizes(splits: int) -> None:
+    """The own kernel's tiles smaller than the prefix kernel's (as an fp8 pool's defaults have
+    them: 32 and 128 keys): the split ranges and the merge of both kernels' columns still agree,
+    with one split (merged in the split kernel) and with three (merged in the reduce)."""
+    batch = make_batch(TWO_GROUPS, 8, 2, 32, torch.float32, 2, block_n=32)
+    check(batch, splits, torch.float32, block_n=16)
+
+
 @interpreted
 def test_no_member_shares_gives_plain_decode() -> None:
     check(make_batch(NO_SHARING, 4, 2, 32, torch.float32, 3), 2, torch.float32)
