@@ -339,7 +339,7 @@ def decode_attention(
     # NOTE: float32 tiles are halved: at 64 keys the fp32 (FMA) dot spills on sm_90 (ptxas report)
     # an fp8 pool: 128 keys per tile keep a tile's bytes those of 64 bf16 keys (measured best)
     default_n = 32 if fp32 else 128 if k_buffer.element_size() == 1 else 64
-    own_launch = (None, None, None)
+    own_launch: tuple[int | None, int | None, int | None] = (None, None, None)
     if shared is not None and k_buffer.element_size() == 1 and not fp32:
         # NOTE: the members' own keys behind a shared prefix are few (the prefix-sharing run:
         # 129-384): 32-key tiles under 2 warps, many programs per SM. H200, 1024 members of 64
