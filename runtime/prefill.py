@@ -34,8 +34,10 @@ class SharedPrefixGate:
     def __init__(self) -> None:
         self.keys: dict[int, set[tuple[int, ...]]] = {}  # cached length -> next tokens computed
 
-    def admitted(self, req: Req) -> None:
-        start = req.kv_len  # the first token this batch computes for it (a chunk may go on)
+    def admitted(self, req: Req, start: int | None = None) -> None:
+        """`req` computes its tokens from `start` on (default: its KV length, as it is admitted)
+        in this batch or one in flight (a chunk may go on)."""
+        start = req.kv_len if start is None else start
         if len(req.input_ids) - start >= IN_BATCH_PREFIX_TOKENS:
             window = tuple(req.input_ids[start : start + IN_BATCH_PREFIX_TOKENS])
             self.keys.setdefault(start, set()).add(window)

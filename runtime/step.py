@@ -67,6 +67,7 @@ class LaunchedStep:
     sample_rows: list[int] = field(default_factory=list)  # hidden rows of the samplers
     in_rows: list[LogprobRows] = field(default_factory=list)  # rows for prompt logprobs
     masked: bool = False  # a sampler had a grammar at launch
+    kv_ends: list[int] = field(default_factory=list)  # extend: each request's KV length after it
 
     def resolve(self) -> list[ReqStepResult]:
         if self.host_ids is None:

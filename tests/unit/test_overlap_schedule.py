@@ -41,6 +41,7 @@ def run(
     abort_at: tuple[int, str] | None = None,
     modes: list[ForwardMode] | None = None,
     spy: Callable[[Scheduler], None] | None = None,
+    prompt_ids: list[list[int]] | None = None,
     **config: Any,
 ) -> tuple[Outputs, Scheduler]:
     cfg = EngineConfig(model=str(model), cpu_threads=1, overlap_schedule=overlap, **config)
@@ -56,7 +57,7 @@ def run(
                 done[r.rid] = (list(r.output_ids), r.finish.type)
 
     sched.emit = emit  # type: ignore[method-assign]
-    for i, (ids, p) in enumerate(zip(prompts(), params, strict=False)):
+    for i, (ids, p) in enumerate(zip(prompt_ids or prompts(), params, strict=False)):
         sched.add_request(TokenizedGenerateReq(f"r{i}", ids, p, p.max_new_tokens or 0))
     steps = 0
     while sched.has_work() or sched.grammars.pending:  # run_forever's loop, without a channel
@@ -269,3 +270,39 @@ def test_retraction_with_grammars(tiny_model_dir: Path) -> None:
         assert kind in ("stop", "length"), kind
         if kind == "stop":
             json.loads(tok.decode(ids, skip_special_tokens=True))
+
+
+def test_prefills_go_behind_a_prefill_in_flight(tiny_model_dir: Path) -> None:
+    """With overlap a prefill is launched while the prefill before it is still in flight (its
+    requests need none of that step's tokens; a chunked prompt goes on too). The outputs are
+    those without overlap, and so is the reuse of long shared prefixes: a request sharing a
+    prompt that the step in flight computes waits until that prompt is in the tree instead of
+    computing it again."""
+    pairs: list[tuple[ForwardMode | None, ForwardMode]] = []
+
+    def spy(sched: Scheduler) -> None:
+        launch = sched.launch
+
+        def logged(batch: Any) -> Any:
+            if batch is not None:
+                inflight = sched.inflight
+                pairs.append((None if inflight is None else inflight.batch.mode, batch.mode))
+            return launch(batch)
+
+        sched.launch = logged  # type: ignore[method-assign]
+
+    params = [greedy(6 + i % 5, ignore_eos=True) for i in range(12)]
+    config = {"page_size": 4, "max_prefill_tokens": 24}  # a few prompts per prefill, chunks
+    on, _ = run(tiny_model_dir, "on", params, spy=spy, **config)
+    assert on == run(tiny_model_dir, "off", params, **config)[0]
+    assert (ForwardMode.EXTEND, ForwardMode.EXTEND) in pairs, pairs
+    # 3 groups of 4 prompts, each group's on a prefix of 40 tokens
+    groups = [[(17 * g + 3 * j) % 900 + 60 for j in range(40)] for g in range(3)]
+    grouped = [groups[i % 3] + [(29 * i + j) % 700 + 40 for j in range(5)] for i in range(12)]
+    config = {"page_size": 4, "max_prefill_tokens": 100}
+    on, s_on = run(tiny_model_dir, "on", params, prompt_ids=grouped, **config)
+    off, s_off = run(tiny_model_dir, "off", params, prompt_ids=grouped, **config)
+    assert on == off
+    # every follower reuses its group's prefix (without overlap, one loses 32 tokens of it here)
+    cached = (s_on.stats["cached_tokens"], s_off.stats["cached_tokens"])
+    assert cached[0] == 9 * 40 and cached[0] >= cached[1], cached
