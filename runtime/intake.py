@@ -1,4 +1,5 @@
-"""RequestIntake: the scheduler's handling of what arrives: new requests, aborts, flush, state."""
+"""RequestIntake: the scheduler's handling of what arrives: messages and compiled grammars collected,
+new requests, aborts, flush, state."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from typing import Any
 
 from weft.constrain import GrammarError
 from weft.runtime.cache_manager import KVCacheManager
+from weft.runtime.distributed import Inbox
 from weft.runtime.finish import StopState
 from weft.runtime.grammar import GrammarQueue, grammar_spec
+from weft.runtime.ipc import Channel, parent_alive
 from weft.runtime.messages import (
     AbortReq,
     BatchGenerateReq,
@@ -28,11 +31,15 @@ from weft.runtime.sampler import make_generator
 
 logger = logging.getLogger(__name__)
 
+IDLE_POLL_MS = 200
+GRAMMAR_POLL_MS = 2  # while grammars compile, look for finished ones this often
+
 
 class RequestIntake:
     """Mixed into the Scheduler, whose state it reads and changes (declared below)."""
 
     arrivals: int
+    channel: Channel | None
     info: ModelInfo
     runner: ModelRunner
     tokenizer: Any
@@ -57,6 +64,43 @@ class RequestIntake:
 
     def reply(self, msg: Message) -> None:
         raise NotImplementedError
+
+    def settle(self) -> None:
+        raise NotImplementedError
+
+    def on_idle(self) -> None:
+        raise NotImplementedError
+
+    def collect(self, parent_pid: int) -> Inbox:
+        """Rank 0: messages and finished grammar compiles; blocks while there is nothing to do."""
+        assert self.channel is not None
+        msgs = self.channel.recv_all()
+        ready, failed = self.grammars.scan()
+        while not msgs and not ready and not failed and not self.has_work():
+            compiling = bool(self.grammars.pending)
+            if not compiling:
+                self.on_idle()
+            msg = self.channel.recv(GRAMMAR_POLL_MS if compiling else IDLE_POLL_MS)
+            if msg is not None:
+                msgs.append(msg)
+            elif not parent_alive(parent_pid):
+                raise SystemExit("parent process is gone")
+            ready, failed = self.grammars.scan()
+        return Inbox(ready, failed, msgs)
+
+    def apply(self, inbox: Inbox) -> None:
+        """Constrained requests whose grammar compiled join the waiting queue, failures answer;
+        then the messages, in order (all but new requests see the in-flight step processed)."""
+        if any(not isinstance(m, (TokenizedGenerateReq, BatchGenerateReq)) for m in inbox.msgs):
+            self.settle()
+        if inbox.ready or inbox.failed:
+            ready, failed = self.grammars.take(inbox.ready, inbox.failed)
+            self.waiting += ready
+            for req, message in failed:
+                req.finish = FinishReason("abort", message=message, status=400)
+            self.emit([req for req, _ in failed])
+        for msg in inbox.msgs:
+            self.handle(msg)
 
     def handle(self, msg: Message) -> None:
         if isinstance(msg, BatchGenerateReq):

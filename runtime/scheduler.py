@@ -19,18 +19,16 @@ from weft.runtime.decode import (
     pages_for_decode,
     retract_for_decode,
 )
-from weft.runtime.distributed import Inbox, TPGroup, batch_digest, init_tp_group
+from weft.runtime.distributed import TPGroup, batch_digest, init_tp_group
 from weft.runtime.finish import check_finish, jump_forward, token_out
 from weft.runtime.grammar import GrammarQueue
 from weft.runtime.intake import RequestIntake
-from weft.runtime.ipc import Channel, Endpoints, parent_alive, run_child
+from weft.runtime.ipc import Channel, Endpoints, run_child
 from weft.runtime.loader import load_tokenizer, read_hf_config
 from weft.runtime.messages import (
-    BatchGenerateReq,
     BatchTokenOut,
     FinishReason,
     Message,
-    TokenizedGenerateReq,
 )
 from weft.runtime.model_info import ModelInfo
 from weft.runtime.model_runner import ModelRunner
@@ -43,8 +41,6 @@ logger = logging.getLogger(__name__)
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
-IDLE_POLL_MS = 200
-GRAMMAR_POLL_MS = 2  # while grammars compile, look for finished ones this often
 FOLLOWER_GRAMMAR_TIMEOUT_SCALE = 4  # followers only wait for compiles rank 0 finished
 STATS: dict[str, int] = {  # the scheduler's counters, from zero
     "retractions": 0,
@@ -137,37 +133,6 @@ class Scheduler(RequestIntake):
             inbox = self.tp.share_inbox(inbox)
         assert inbox is not None
         self.apply(inbox)
-
-    def collect(self, parent_pid: int) -> Inbox:
-        """Rank 0: messages and finished grammar compiles; blocks while there is nothing to do."""
-        assert self.channel is not None
-        msgs = self.channel.recv_all()
-        ready, failed = self.grammars.scan()
-        while not msgs and not ready and not failed and not self.has_work():
-            compiling = bool(self.grammars.pending)
-            if not compiling:
-                self.on_idle()
-            msg = self.channel.recv(GRAMMAR_POLL_MS if compiling else IDLE_POLL_MS)
-            if msg is not None:
-                msgs.append(msg)
-            elif not parent_alive(parent_pid):
-                raise SystemExit("parent process is gone")
-            ready, failed = self.grammars.scan()
-        return Inbox(ready, failed, msgs)
-
-    def apply(self, inbox: Inbox) -> None:
-        """Constrained requests whose grammar compiled join the waiting queue, failures answer;
-        then the messages, in order (all but new requests see the in-flight step processed)."""
-        if any(not isinstance(m, (TokenizedGenerateReq, BatchGenerateReq)) for m in inbox.msgs):
-            self.settle()
-        if inbox.ready or inbox.failed:
-            ready, failed = self.grammars.take(inbox.ready, inbox.failed)
-            self.waiting += ready
-            for req, message in failed:
-                req.finish = FinishReason("abort", message=message, status=400)
-            self.emit([req for req, _ in failed])
-        for msg in inbox.msgs:
-            self.handle(msg)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.chunked or self.inflight)
