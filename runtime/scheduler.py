@@ -176,7 +176,9 @@ class Scheduler(RequestIntake):
         none of that step's tokens, so the device does not idle while the host builds and queues
         it (~85 ms for an 8k-token step of Llama-3.1-8B on the H200 at new token counts). Not
         with mixed steps (they decode `step`'s requests) or when a chunked request that owes
-        prompt logprobs goes on (its next chunk's rows depend on `step`'s)."""
+        prompt logprobs goes on (its next chunk's rows depend on `step`'s). NOTE: `step`'s
+        prompts reach the tree when it is processed; a prompt sharing fewer than
+        IN_BATCH_PREFIX_TOKENS new tokens with one of them does not wait and computes them."""
         if not self.overlap or step.batch.mode != ForwardMode.EXTEND:
             return None
         if self.config.enable_mixed_chunk or (self.chunked and self.chunked.return_logprob):

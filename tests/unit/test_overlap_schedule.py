@@ -7,6 +7,7 @@ and an abort; KV slots are conserved."""
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -306,3 +307,26 @@ def test_prefills_go_behind_a_prefill_in_flight(tiny_model_dir: Path) -> None:
     # every follower reuses its group's prefix (without overlap, one loses 32 tokens of it here)
     cached = (s_on.stats["cached_tokens"], s_off.stats["cached_tokens"])
     assert cached[0] == 9 * 40 and cached[0] >= cached[1], cached
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_workloads_give_the_outputs_of_overlap_off(tiny_model_dir: Path, seed: int) -> None:
+    """Random mixes of what the scheduler must keep straight while steps overlap (prefills
+    behind prefills, chunks going on behind their chunk in flight, groups sharing prefixes,
+    one-token requests, small pools that retract): the outputs of overlap off, slots conserved."""
+    rng = random.Random(seed)
+    heads = [[rng.randrange(50, 3000) for _ in range(rng.choice([8, 24, 40]))] for _ in range(3)]
+    prompt_ids, params = [], []
+    for _ in range(16):
+        head = rng.choice(heads) if rng.random() < 0.6 else []
+        prompt_ids.append(head + [rng.randrange(50, 3000) for _ in range(rng.randrange(2, 30))])
+        params.append(greedy(rng.choice([1, 2, 5, 12, 20]), ignore_eos=True))
+    config = {
+        "page_size": rng.choice([1, 4]),
+        "max_prefill_tokens": rng.choice([24, 48, 96]),
+        "chunked_prefill_size": rng.choice([0, 16, 32]),
+        "max_total_tokens": rng.choice([260, 2000]),
+    }
+    on, _ = run(tiny_model_dir, "on", params, prompt_ids=prompt_ids, **config)
+    off, _ = run(tiny_model_dir, "off", params, prompt_ids=prompt_ids, **config)
+    assert on == off, config
