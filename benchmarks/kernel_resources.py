@@ -1,0 +1,97 @@
+"""Registers, spills, shared memory and tensor-core instructions of the attention kernels' launches,
+compiled for sm_90 on any machine (Triton's own ptxas; no GPU needed):
+
+    python benchmarks/kernel_resources.py
+
+Each row is a launch the runtime makes (its constexprs and num_warps / num_stages) or one a tuning
+sweep tried. A non-zero spill stack or 255 registers marks a launch that is short of registers;
+`wgmma` counts Hopper's warpgroup MMA instructions, `mma.sync` the older per-warp ones. Triton
+versions differ: this machine's Triton may not be the device's, so read the rows as leads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from weft.kernels.decode import _decode_split_kernel
+from weft.kernels.extend import _extend_kernel
+from weft.kernels.shared_prefix import _prefix_split_kernel
+
+FP8, BF16 = "*fp8e4nv", "*bf16"
+
+
+def resources(fn: Any, pointers: dict[str, str], const: dict[str, Any], warps: int,
+              stages: int) -> str:  # fmt: skip
+    """One compile: 'regs R, stack S B, shared M KB, wgmma W, mma.sync N'."""
+    names = fn.arg_names
+    # capitalised arguments are pointers (int32 indices unless given), the others int32
+    sig = {n: pointers.get(n, "*i32" if n[0].isupper() else "i32") for n in names}
+    sig.update(dict.fromkeys(const, "constexpr"))
+    sig["qk_scale"] = "fp32"
+    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in const.items()})
+    opts = {"num_warps": warps, "num_stages": stages}
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    ptx = kernel.asm["ptx"]
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    regs = re.search(r"REG:(\d+)", usage)
+    stack = re.search(r"STACK:(\d+)", usage)
+    return (
+        f"regs {regs.group(1) if regs else '?'}, stack {stack.group(1) if stack else '?'} B, "
+        f"shared {kernel.metadata.shared / 1024:.0f} KB, wgmma {ptx.count('wgmma.mma_async')}, "
+        f"mma.sync {ptx.count('mma.sync')}"
+    )
+
+
+def main() -> None:
+    print(f"triton {triton.__version__}, sm_90; Llama-3.1-8B heads (32 q / 8 kv, d 128), bf16 q")
+    common = {"G": 4, "D": 128, "BLOCK_D": 128, "DOT_PRECISION": "tf32"}
+    fp8 = {"FP16_DOTS": True, "V_STAGED": True}
+    bf16 = {"FP16_DOTS": False, "V_STAGED": False}
+    prefix_ptrs = {"Q": BF16, "K_buf": FP8, "V_buf": FP8, "Part_o": "*fp32", "Part_lse": "*fp32"}
+    decode_ptrs = {**prefix_ptrs, "Out": BF16}
+    extend_ptrs = {"Q": BF16, "K": BF16, "V": BF16, "K_buf": FP8, "V_buf": FP8, "Out": BF16}
+    rows: list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]] = []
+    for n, w, s in ((128, 4, 2), (128, 8, 2), (64, 4, 3), (32, 4, 2)):
+        rows.append((f"prefix kernel, fp8, 64 rows, {n} keys", _prefix_split_kernel, prefix_ptrs,
+                     {**common, **fp8, "BLOCK_M": 16, "BLOCK_R": 64, "BLOCK_N": n}, w, s))  # fmt: skip
+    split = {
+        **common,
+        "BLOCK_H": 16,
+        "PREFIX_BLOCK_N": 128,
+        "HAS_KV_STARTS": False,
+        "DIRECT": False,
+    }
+    decode = ((128, 4, 3, "fp8"), (128, 8, 3, "fp8"), (64, 4, 3, "fp8"), (32, 2, 2, "fp8"),
+              (64, 4, 3, "bf16"))  # fmt: skip
+    for n, w, s, dtype in decode:
+        ptrs = decode_ptrs if dtype == "fp8" else {**decode_ptrs, "K_buf": BF16, "V_buf": BF16}
+        rows.append((f"decode split kernel, {dtype}, {n} keys", _decode_split_kernel, ptrs,
+                     {**split, **(fp8 if dtype == "fp8" else bf16), "BLOCK_N": n}, w, s))  # fmt: skip
+    ext = {**common, "PACK": 1, "HAS_WORK": True, "HEAD_GROUPS": 32}
+    rows.append(("extend kernel, fp8 pool, 128 x 128", _extend_kernel, extend_ptrs,
+                 {**ext, **fp8, "BLOCK_M": 128, "BLOCK_N": 128}, 8, 2))  # fmt: skip
+    rows.append(("extend kernel, fp8 pool, 64 x 64", _extend_kernel, extend_ptrs,
+                 {**ext, **fp8, "BLOCK_M": 64, "BLOCK_N": 64}, 8, 2))  # fmt: skip
+    bf16_ext = {**extend_ptrs, "K_buf": BF16, "V_buf": BF16}
+    for w in (4, 8):
+        rows.append(("extend kernel, bf16 pool, 64 x 64", _extend_kernel, bf16_ext,
+                     {**ext, **bf16, "BLOCK_M": 64, "BLOCK_N": 64}, w, 2))  # fmt: skip
+    for label, fn, ptrs, const, warps, stages in rows:
+        where = f"{label}, {warps} warps, {stages} stages"
+        print(f"  {where:<62} {resources(fn, ptrs, const, warps, stages)}")
+
+
+if __name__ == "__main__":
+    main()
