@@ -211,8 +211,7 @@ class KernelTrace:
 
     def before(self, batch: Batch | None) -> None:
         """Called before each step is launched."""
-        big = batch is not None and batch.mode == self.mode
-        big = big and batch is not None and len(batch.reqs) >= self.min_batch
+        big = batch is not None and batch.mode == self.mode and len(batch.reqs) >= self.min_batch
         if self.left < 0:  # done
             return
         if self.prof is None:
@@ -325,7 +324,9 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=0, help="scheduler: G groups sharing a prefix")
     ap.add_argument("--group-size", type=int, default=16, help="scheduler: requests per group")
     ap.add_argument("--prefix-len", type=int, default=2048, help="scheduler: shared tokens")
-    ap.add_argument("--trace-steps", type=int, default=0, help="scheduler: decode steps to trace")
+    ap.add_argument(
+        "--trace-steps", type=int, default=0, help="scheduler: steps to trace (decode, or extend)"
+    )
     ap.add_argument("--trace-extend", action="store_true", help="scheduler: trace extend steps")
     ap.add_argument(
         "--no-model", action="store_true", help="scheduler: host work only (see host_work_only)"

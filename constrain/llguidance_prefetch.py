@@ -69,7 +69,9 @@ class MaskWorker:
         # eleventh and thirteenth sessions)
         self.batching = os.environ.get("WEFT_MASK_BATCH", "0") == "1"
         # Python threads taking jobs (WEFT_MASK_THREADS overrides, for measuring)
-        threads = os.environ.get("WEFT_MASK_THREADS")
+        threads = os.environ.get("WEFT_MASK_THREADS", "")
+        if threads and not threads.isdigit():
+            raise ValueError(f"WEFT_MASK_THREADS must be a thread count, got {threads!r}")
         self.num_workers = max(1, int(threads)) if threads else default_workers()
         self._executor: Any = None  # llguidance.LLExecutor, built on the first batch
 

@@ -223,8 +223,8 @@ class Scheduler(RequestIntake):
         processed, so requests that would share them wait (SharedPrefixGate)."""
         if not self.waiting and self.chunked is None:
             return None
-        joining = [r for r in behind.reqs if r is not self.chunked] if behind else []
-        running = self.running + [r for r in joining if not r.finished]
+        joining = behind.reqs if behind is not None else []
+        running = self.running + [r for r in joining if r is not self.chunked and not r.finished]
         mixed = len(self.running) if self.config.enable_mixed_chunk else 0  # decode tokens too
         adder = PrefillAdder(
             cache=self.cache,
@@ -241,17 +241,15 @@ class Scheduler(RequestIntake):
                 gate.admitted(req, start=req.kv_len - n)
         if self.chunked is not None:
             chunked = self.chunked
-            if not adder.add(chunked):  # (no side effect: it holds its slots)
-                if behind is not None:  # its chunk in flight is not processed yet: settle first
-                    return None
-                # no room to go on: give its KV to the tree, retry later
-                self.chunked = None
+            added = adder.add(chunked)  # (when refused, no side effect: it holds its slots)
+            if not added and behind is not None:  # its chunk in flight is not processed yet
+                return None  # settle first
+            self.chunked = None
+            if not added:  # no room to go on: give its KV to the tree, retry later
                 self.cache.cache_req(chunked, release=True)
                 self.waiting.insert(0, chunked)
-            else:
-                self.chunked = None
-                if gate is not None:  # what its next chunk computes, followers wait for
-                    gate.admitted(chunked)
+            elif gate is not None:  # what its next chunk computes, followers wait for
+                gate.admitted(chunked)
         if adder.chunked is None:
             for req in order_waiting(self.waiting, self.config.schedule_policy, self.cache):
                 if gate is not None and gate.should_wait(req):
