@@ -108,6 +108,8 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
         context_length=max(ctx, 1040),
     )
     runner = ModelRunner(config, folder, hf, config.context_length or ctx)
+    if runner.graphs is not None:
+        print(f"{backend}: each graph's cuBLAS path {runner.graphs.blas}")
     weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     # a decode step reads only its batch's rows of the input embedding (unless lm_head shares it)
     model: Any = runner.model

@@ -19,6 +19,13 @@ LOG2E = 1.4426950408889634
 # One 64-key block per split is enough work once the reduce merges all splits in one pass
 # (was 256 with a serial merge; see BENCHMARKS.md, sixth session).
 MIN_SPLIT_TOKENS = 64
+# The split count's model (decode_num_kv_splits), fitted to the default bf16 launch (64 keys,
+# 4 warps) at kv 2048 in CUDA graphs on the H200, batch 1 to 128 (BENCHMARKS.md, fifteenth
+# session): it picks the measured best count (or one within 2% of it) at every batch there;
+# the old rule (~4 programs per SM) ran 4-20% slower at batches 16-96.
+RESIDENT_PROGRAMS = 4
+SATURATING_PROGRAMS = 2.4
+SPLIT_COST = 0.96
 
 
 @triton.jit
@@ -273,12 +280,29 @@ def fp8_v_staging(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
 def decode_num_kv_splits(
     batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int = 132
 ) -> int:
-    """Splits so the grid has ~4 programs per SM, each split at least MIN_SPLIT_TOKENS; a power
-    of 2. (A split's length follows each request's own length at run time, so a CUDA graph
-    captured for the longest context still spreads a short one over all its splits.)"""
-    want = triton.cdiv(4 * num_sms, max(batch_size * num_kv_heads, 1))
+    """The power-of-2 split count (each split at least MIN_SPLIT_TOKENS of the longest context)
+    that best fills the SMs, by a model of the kernel's waves fitted on the H200:
+
+    - an SM holds RESIDENT_PROGRAMS programs at once, so the grid runs in rounds of that many
+      per SM, the last one partial;
+    - a round takes at least the time of SATURATING_PROGRAMS programs: fewer programs per SM
+      do not draw the SM's share of the memory bandwidth;
+    - each doubling of the splits costs SPLIT_COST (the partials and their reduce).
+
+    (A split's length follows each request's own length at run time, so a CUDA graph captured
+    for the longest context still spreads a short one over all its splits.)"""
     cap = max(1, min(64, max_seq_len // MIN_SPLIT_TOKENS))
-    return min(triton.next_power_of_2(want), triton.next_power_of_2(cap + 1) // 2)
+    programs = max(batch_size * num_kv_heads, 1)
+    best, best_score, splits, cost = 1, 0.0, 1, 1.0
+    while splits <= cap:
+        per_sm = programs * splits / num_sms
+        full, last = divmod(per_sm, RESIDENT_PROGRAMS)
+        rounds = full * RESIDENT_PROGRAMS + (max(last, SATURATING_PROGRAMS) if last > 0 else 0)
+        score = per_sm / rounds * cost
+        if score > best_score * (1 + 1e-6):  # ties go to fewer splits
+            best, best_score = splits, score
+        splits, cost = splits * 2, cost * SPLIT_COST
+    return best
 
 
 def decode_attention(

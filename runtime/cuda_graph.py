@@ -11,6 +11,7 @@ import torch
 
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch, ForwardMode
+from weft.runtime.graph_blas import blas_library, choose, mode_from_env, projection_timer
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ class GraphRunner:
         self._staged: tuple[ForwardBatch, int, bool] | None = None  # (batch, padded size, shared)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # (size, shared variant)
         self.pool: Any = None
+        self.blas_mode = mode_from_env()
+        self.blas: dict[int, str] = {}  # the cuBLAS path each size's graph was captured with
 
     def static_batch(self, bs: int) -> ForwardBatch:
         return ForwardBatch(
@@ -69,24 +72,33 @@ class GraphRunner:
 
     @torch.no_grad()
     def capture(self) -> None:
+        if self.blas_mode == "auto":
+            self.blas = choose(self.sizes, projection_timer(self.model))
+        else:
+            self.blas = dict.fromkeys(self.sizes, self.blas_mode)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for bs in reversed(self.sizes):  # largest first: later graphs reuse its memory
                 for shared in reversed(self.attn.graph_variants()):
-                    fb = self.static_batch(bs)
-                    self.attn.prepare_graph(fb, shared)
-                    for _ in range(2):  # compile kernels, settle allocations
-                        self.hidden[:bs] = self.model(fb, self.attn)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                        self.hidden[:bs] = self.model(fb, self.attn)
-                    if self.pool is None:
-                        self.pool = graph.pool()
-                    self.graphs[bs, shared] = graph
+                    with blas_library(self.blas[bs]):
+                        self._capture(bs, shared, stream)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
+        logger.info("captured CUDA graphs for decode batch sizes %s (cuBLASLt at %s)", self.sizes,
+                    [bs for bs, lib in self.blas.items() if lib == "cublaslt"])  # fmt: skip
+
+    def _capture(self, bs: int, shared: bool, stream: torch.cuda.Stream) -> None:
+        fb = self.static_batch(bs)
+        self.attn.prepare_graph(fb, shared)
+        for _ in range(2):  # compile kernels, settle allocations
+            self.hidden[:bs] = self.model(fb, self.attn)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            self.hidden[:bs] = self.model(fb, self.attn)
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.graphs[bs, shared] = graph
 
     def can_run(self, fb: ForwardBatch) -> bool:
         return fb.mode == ForwardMode.DECODE and fb.batch_size <= self.sizes[-1]

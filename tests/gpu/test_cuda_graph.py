@@ -16,8 +16,14 @@ from weft.runtime.models import build_model, init_dummy_weights
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
-def test_graph_replay_equals_eager_decode(backend: str) -> None:
+@pytest.mark.parametrize(
+    "backend, blas", [("triton", "auto"), ("triton", "cublaslt"), ("flashinfer", "auto")]
+)
+def test_graph_replay_equals_eager_decode(
+    backend: str, blas: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(With every graph's GEMMs on cuBLASLt too, and on the path measured faster per size.)"""
+    monkeypatch.setenv("WEFT_GRAPH_BLAS", blas)
     if backend == "flashinfer":
         pytest.importorskip("flashinfer")
     config = transformers.LlamaConfig(
@@ -38,6 +44,8 @@ def test_graph_replay_equals_eager_decode(backend: str) -> None:
     attn = create_attention_backend(backend, "cuda", pool, table.table, 16)
     graphs = GraphRunner(model, attn, 8, 512, torch.bfloat16, torch.device("cuda"), pad_row=0)
     graphs.capture()
+    assert set(graphs.blas) == set(graphs.sizes)
+    assert blas == "auto" or set(graphs.blas.values()) == {blas}
     b = len(lens)
     fb = ForwardBatch(
         mode=ForwardMode.DECODE,

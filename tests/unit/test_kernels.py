@@ -252,6 +252,47 @@ def test_decode_attention_workspace_padded_rows_int32(splits: int) -> None:
     assert_close(out[live], ref.decode_attention_ref(q[live], *pool_args, 0.1), 1e-5)
 
 
+# us per decode call in CUDA graphs at kv 2048, bf16, 32 q / 8 kv heads, by split count, on the
+# H200 (132 SMs; benchmarks/decode_parts.py --splits, fifteenth session; B=1 at 32 splits: sixth)
+MEASURED_SPLITS = {
+    1: {1: 53.3, 2: 30.9, 4: 18.6, 8: 12.9, 16: 10.2, 32: 10.3},
+    4: {1: 55.3, 2: 32.5, 4: 22.2, 8: 18.1, 16: 17.4},
+    8: {1: 58.4, 2: 37.3, 4: 29.3, 8: 28.1, 16: 29.5},
+    16: {1: 64.1, 2: 47.8, 4: 46.4, 8: 48.3, 16: 49.3},
+    24: {1: 74.0, 2: 60.7, 4: 68.3, 8: 66.2, 16: 67.2},
+    32: {1: 79.8, 2: 76.1, 4: 80.6, 8: 83.7, 16: 85.0},
+    40: {1: 93.1, 2: 112.8, 4: 101.6, 8: 100.8, 16: 102.6},
+    48: {1: 103.4, 2: 117.4, 4: 114.4, 8: 118.1, 16: 120.5},
+    56: {1: 121.2, 2: 127.0, 4: 135.1, 8: 135.3, 16: 138.2},
+    64: {1: 133.3, 2: 139.7, 4: 147.8, 8: 152.6, 16: 156.5},
+    80: {1: 209.6, 2: 180.5, 4: 182.0, 8: 187.4, 16: 193.4},
+    96: {1: 216.3, 2: 203.8, 4: 215.2, 8: 221.7, 16: 230.3},
+    128: {1: 256.8, 2: 266.8, 4: 282.2, 8: 290.4, 16: 303.5},
+}
+
+
+@pytest.mark.parametrize("bsz", sorted(MEASURED_SPLITS))
+def test_decode_splits_are_the_measured_best(bsz: int) -> None:
+    """At every measured batch the split count picked runs within 2% of the fastest one."""
+    from weft.kernels.decode import decode_num_kv_splits
+
+    times = MEASURED_SPLITS[bsz]
+    pick = decode_num_kv_splits(bsz, 8, 2048, 132)
+    assert pick in times, (bsz, pick)
+    assert times[pick] <= 1.02 * min(times.values()), (bsz, pick, times)
+
+
+def test_decode_splits_are_powers_of_2_within_the_context() -> None:
+    from weft.kernels.decode import MIN_SPLIT_TOKENS, decode_num_kv_splits
+
+    for context in (16, 64, 200, 2048, 131072):
+        cap = max(1, min(64, context // MIN_SPLIT_TOKENS))
+        for bsz in (1, 3, 17, 64, 100, 1000):
+            for hkv, sms in ((8, 132), (1, 132), (2, 16)):
+                splits = decode_num_kv_splits(bsz, hkv, context, sms)
+                assert 1 <= splits <= cap and splits & (splits - 1) == 0, (context, bsz, splits)
+
+
 EXTEND_CASES = [
     # heads, kv heads, head dim, page size, dtype, prefix lens, extend lens, block_m, block_n
     (4, 4, 64, 1, torch.float32, [0, 0, 0], [1, 20, 37], 16, 16),

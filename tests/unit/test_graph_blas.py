@@ -1,0 +1,42 @@
+"""The cuBLAS path per decode graph size: the measured choice, its switch, and the setting
+restored after capture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from weft.runtime.graph_blas import blas_library, choose, mode_from_env
+
+
+def test_choose_takes_cublaslt_only_where_it_saves_enough() -> None:
+    times = {("cublas", 1): 10.0, ("cublaslt", 1): 9.9, ("cublas", 64): 10.0,
+             ("cublaslt", 64): 9.0, ("cublas", 128): 9.0, ("cublaslt", 128): 9.5}  # fmt: skip
+    calls: list[tuple[str, int]] = []
+
+    def time_ms(lib: str, size: int) -> float:
+        calls.append((lib, size))
+        return times[lib, size]
+
+    picks = choose([1, 64, 128], time_ms)
+    assert picks == {1: "cublas", 64: "cublaslt", 128: "cublas"}  # 1% is noise; 10% is not
+    assert sorted(calls) == sorted(times)
+
+
+@pytest.mark.parametrize("value", ["auto", "cublas", "cublaslt"])
+def test_the_switch_takes_its_three_values(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEFT_GRAPH_BLAS", value)
+    assert mode_from_env() == value
+
+
+def test_a_bad_switch_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEFT_GRAPH_BLAS", "lt")
+    with pytest.raises(ValueError, match="WEFT_GRAPH_BLAS must be auto, cublas or cublaslt"):
+        mode_from_env()
+
+
+def test_the_library_setting_is_restored_even_after_an_error() -> None:
+    before = torch.backends.cuda.preferred_blas_library()
+    with pytest.raises(KeyError), blas_library("cublas"):
+        raise KeyError("inside")
+    assert torch.backends.cuda.preferred_blas_library() == before
