@@ -33,18 +33,19 @@ class GrammarMasks:
         self.apply_ns: deque[int] = deque(maxlen=MASK_FILL_WINDOW)
         self.num_fills = 0
 
-    def warm_up(self) -> None:
+    def warm_up(self, logits_dtype: torch.dtype = torch.float32) -> None:
         """CUDA with the fused apply: launch it once per variant a step can take, so that the
         first constrained step neither compiles nor loads the Triton kernel. (Triton specializes
         on 16-byte-aligned pointers: `apply`'s mask-row indices start 8 bytes per masked row
-        into the index tensor, so odd and even counts are two variants.)"""
+        into the index tensor, so odd and even counts are two variants; and on the logits'
+        dtype, the model's.)"""
         if self.device.type != "cuda" or not self.fused:
             return
         from weft.kernels import apply_token_bitmask
 
         words = (self.vocab_size + 31) // 32
         mask = torch.full((2, words), -1, dtype=torch.int32, device=self.device)
-        logits = torch.zeros(2, self.vocab_size, dtype=torch.float32, device=self.device)
+        logits = torch.zeros(2, self.vocab_size, dtype=logits_dtype, device=self.device)
         for n in (1, 2):
             index = to_device(list(range(n)) * 2, torch.int64, self.device)
             apply_token_bitmask(logits, mask, rows=index[:n], mask_rows=index[n:])

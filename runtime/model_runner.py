@@ -134,7 +134,7 @@ class ModelRunner:
         self.masks = GrammarMasks(
             self.req_to_token.max_reqs, self.hf_config.vocab_size, self.device, self.fused
         )
-        self.masks.warm_up()
+        self.masks.warm_up(self.dtype)
         logger.info("KV pool: %d tokens in pages of %d", self.allocator.total_slots, self.page_size)
 
     def _num_pages(self, bytes_per_slot: int) -> int:
@@ -325,7 +325,9 @@ class ModelRunner:
     ) -> None:
         flat = [h for r in rows for h in r.hidden_rows]
         logprobs = (
-            torch.log_softmax(self.model.compute_logits(hidden[flat]), dim=-1) if flat else None
+            torch.log_softmax(self.model.compute_logits(hidden[flat]).float(), dim=-1)
+            if flat
+            else None
         )
         at = 0
         for r in rows:

@@ -148,7 +148,7 @@ class LlamaForCausalLM(nn.Module):
                 module.use_kernels()
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden: [N, hidden] -> [N, V] float32 (gathered from every rank's vocab rows)
+        # hidden: [N, hidden] -> [N, V] in the model's dtype (gathered from every rank's vocab rows)
         return self.lm_head(hidden)
 
     ##### Weights #####

@@ -89,13 +89,13 @@ def test_the_fused_apply_is_warmed_up_for_every_variant_a_step_takes() -> None:
     masks = GrammarMasks(64, vocab, dev, fused=True)
     old, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, on_miss
     try:
-        masks.warm_up()
+        masks.warm_up(torch.bfloat16)  # the logits' dtype: the model's
         warmed = len(misses)
         from weft.kernels import apply_token_bitmask
 
         on_device = torch.full((64, (vocab + 31) // 32), -1, dtype=torch.int32, device=dev)
         for n in (1, 2, 3, 32):
-            logits = torch.zeros(n + 1, vocab, device=dev)
+            logits = torch.zeros(n + 1, vocab, dtype=torch.bfloat16, device=dev)
             index = to_device(list(range(n)) + list(range(5, 5 + n)), torch.int64, dev)
             apply_token_bitmask(logits, on_device, rows=index[:n], mask_rows=index[n:])
         torch.cuda.synchronize()

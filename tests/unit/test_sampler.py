@@ -253,6 +253,29 @@ def test_different_seeds_differ_and_engine_seed_is_deterministic():
     assert not torch.equal(first, Sampler(40, "cpu", seed=9)(logits, rows).next_ids)
 
 
+def test_logits_in_the_model_dtype_sample_as_their_float32_copy():
+    """The LM head returns logits in the model's dtype (bf16 on CUDA): every path (greedy fast
+    path, penalties, bias, seeded draws, logprobs) gives what the float32 copy gives."""
+    torch.manual_seed(7)
+    bf16 = (torch.randn(5, 40) * 3).bfloat16()
+
+    def rows() -> list[SamplingInputs]:
+        return [
+            row(temperature=0.0),
+            row(temperature=0.7, seed=3),
+            row(logit_bias={5: 4.0}, repetition_penalty=1.3, prompt=[1, 2], output=[5]),
+            row(temperature=1.5, top_p=0.5, seed=9),
+            row(top_k=1, presence_penalty=0.5, output=[3]),
+        ]
+
+    for n in (1, 5):
+        got = Sampler(40, "cpu", seed=2)(bf16[:n], rows()[:n], want_logprobs=True)
+        want = Sampler(40, "cpu", seed=2)(bf16[:n].float(), rows()[:n], want_logprobs=True)
+        assert torch.equal(got.next_ids, want.next_ids)
+        assert got.logprobs is not None and got.logprobs.dtype == torch.float32
+        torch.testing.assert_close(got.logprobs, want.logprobs)
+
+
 def test_logprobs_are_normalized_and_untruncated():
     torch.manual_seed(6)
     logits = torch.randn(4, 30)
