@@ -41,8 +41,18 @@ class AttentionBackend(ABC):
         batch: ForwardBatch,
         scale: float,
         sliding_window: int | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:  # [T, H, D]
-        """Store k/v for the new tokens and return attention output for q."""
+        """Store k/v for the new tokens (unless the caller did: `kv_stored`, into
+        `kv_store_target`) and return attention output for q."""
+
+    def kv_store_target(
+        self, layer: int, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(k_buffer, v_buffer, slots) of this layer's new tokens, for a caller that stores them
+        itself in a kernel it runs anyway (the rotary kernel), or None: the backend stores
+        them in forward. Triton-kernel backends on CUDA lend theirs."""
+        return None
 
     def graph_variants(self) -> tuple[bool, ...]:
         """Per captured batch size, a graph without (False) and, where the backend reads shared

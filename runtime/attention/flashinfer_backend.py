@@ -84,6 +84,11 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._batch = batch
         self._plan(*self._planned)
 
+    def kv_store_target(
+        self, layer: int, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.pool.k[layer], self.pool.v[layer], batch.out_cache_loc
+
     def forward(
         self,
         q: torch.Tensor,
@@ -93,12 +98,14 @@ class FlashInferAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         scale: float,
         sliding_window: int | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
         if self._planned != (scale, sliding_window):
             self._q_dtype = q.dtype
             self._num_q_heads = q.shape[1]
             self._plan(scale, sliding_window)
-        self.pool.store(layer, batch.out_cache_loc, k, v)
+        if not kv_stored:
+            self.pool.store(layer, batch.out_cache_loc, k, v)
         shape = (-1, self.page_size, self.pool.num_kv_heads, self.pool.head_dim)
         cache = (self.pool.k[layer].view(shape), self.pool.v[layer].view(shape))
         if all(n == 1 for n in batch.extend_lens_cpu):

@@ -61,7 +61,9 @@ class TorchAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         scale: float,
         sliding_window: int | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
+        assert not kv_stored, "the torch backend lends no store target"
         self.pool.store(layer, batch.out_cache_loc, k, v)
         qp = q[self.q_index].transpose(1, 2)  # [B, H, max_q, D]
         kp = self.pool.k[layer][self.kv_index].transpose(1, 2)  # [B, Hkv, max_kv, D]

@@ -146,6 +146,11 @@ class TritonAttentionBackend(AttentionBackend):
                 seq = batch.seq_lens_cpu[:p]
                 self._work_lens = (lens[:p], [s - n for s, n in zip(seq, lens[:p], strict=True)])
 
+    def kv_store_target(
+        self, layer: int, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.pool.k[layer], self.pool.v[layer], batch.out_cache_loc
+
     def forward(
         self,
         q: torch.Tensor,
@@ -155,9 +160,11 @@ class TritonAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         scale: float,
         sliding_window: int | None = None,
+        kv_stored: bool = False,
     ) -> torch.Tensor:
         k_buf, v_buf = self.pool.k[layer], self.pool.v[layer]
-        store_kv(k, v, k_buf, v_buf, batch.out_cache_loc)
+        if not kv_stored:
+            store_kv(k, v, k_buf, v_buf, batch.out_cache_loc)
         out = torch.empty_like(q)
         if self.decode:
             decode_attention(

@@ -122,13 +122,25 @@ class RotaryEmbedding(nn.Module):
         self._rotate = rotary_embedding
         self.build(device)
 
+    @property
+    def stores_kv(self) -> bool:
+        """Whether forward can also store k and v into the KV pool (`kv_store`): the kernel
+        does it in the same launch where it rotates whole heads."""
+        return self._rotate is not None and self.cos_sin.shape[1] == self.head_dim
+
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        kv_store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [T]; q: [T, H, D]; k: [T, Hkv, D]
+        # positions: [T]; q: [T, H, D]; k: [T, Hkv, D]; kv_store: (v, k_buffer, v_buffer, loc)
         if self._rotate is not None:
-            self._rotate(positions, q, k, self.cos_sin)
+            self._rotate(positions, q, k, self.cos_sin, kv_store=kv_store)
             return q, k
+        if kv_store is not None:
+            raise ValueError("RotaryEmbedding stores k and v only with its kernel (stores_kv)")
         cos = self.cos[positions].to(q.dtype)[:, None, :]  # [T, 1, D]
         sin = self.sin[positions].to(q.dtype)[:, None, :]
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin

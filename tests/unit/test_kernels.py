@@ -540,6 +540,56 @@ def test_rotary_embedding(dim: int, rot: int, neox: bool, dtype: torch.dtype) ->
     assert_close(k, k_want, TOL[dtype])
 
 
+@pytest.mark.parametrize(
+    "neox, dtype, pool_dtype",
+    [(True, torch.float32, torch.float32), (False, torch.float16, torch.float16),
+     (True, torch.float32, FP8)],
+)  # fmt: skip
+@interpreted
+def test_rotary_stores_k_and_v_as_store_kv_does(
+    neox: bool, dtype: torch.dtype, pool_dtype: torch.dtype
+) -> None:
+    """rotary_embedding(kv_store=...) leaves q, k and the pool exactly as rotary_embedding then
+    store_kv do (an fp8 pool saturated), and writes no slot outside loc."""
+    dim, hkv, tokens, slots = 64, 2, 7, 30
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2).float() / dim))
+    cache = wk.cos_sin_cache(inv_freq, 300)
+    positions = torch.randint(0, 300, (tokens,))
+    qkv = (torch.randn(tokens, 12 * dim) * 3).to(dtype)  # q, k, v as views of one projection
+    qkv[0, 8 * dim : 8 * dim + 4] = torch.tensor([1000.0, -1000.0, 3e4, -500.0])  # past fp8 max
+    qkv[3, 11 * dim] = 700.0
+    loc = torch.randperm(slots)[:tokens]
+    outs = []
+    for fused in (False, True):
+        x = qkv.clone()
+        q, k = x[:, : 8 * dim].view(tokens, 8, dim), x[:, 8 * dim : 10 * dim].view(tokens, hkv, dim)
+        v = x[:, 10 * dim :].view(tokens, hkv, dim)
+        k_buf = torch.full((slots, hkv, dim), NAN).to(pool_dtype)
+        v_buf = torch.full((slots, hkv, dim), NAN).to(pool_dtype)
+        if fused:
+            wk.rotary_embedding(
+                positions, q, k, cache, is_neox=neox, kv_store=(v, k_buf, v_buf, loc)
+            )
+        else:
+            wk.rotary_embedding(positions, q, k, cache, is_neox=neox)
+            wk.store_kv(k, v, k_buf, v_buf, loc)
+        outs.append((x, k_buf.float(), v_buf.float()))
+    for got, want in zip(outs[1], outs[0], strict=True):
+        assert torch.equal(got.isnan(), want.isnan()), "a slot outside loc was written"
+        assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    if pool_dtype == FP8:  # v[3] head 1 dim 0 was 700: saturated, not NaN
+        assert outs[1][2][loc[3], 1, 0].item() == 448.0
+
+
+def test_rotary_store_needs_the_whole_head_rotated() -> None:
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 32, 2).float() / 32))
+    cache = wk.cos_sin_cache(inv_freq, 10)
+    q, k, v = torch.randn(2, 4, 64), torch.randn(2, 2, 64), torch.randn(2, 2, 64)
+    bufs = (v, torch.zeros(4, 2, 64), torch.zeros(4, 2, 64), torch.arange(2))
+    with pytest.raises(ValueError, match="kv_store needs the rotary dim 32 = 64"):
+        wk.rotary_embedding(torch.arange(2), q, k, cache, kv_store=bufs)
+
+
 @interpreted
 def test_rotary_matches_runtime_llama31() -> None:
     """The kernel with a cache built from the runtime's Llama 3.1 inv_freq equals its module."""

@@ -18,8 +18,10 @@ from weft.runtime.memory import KVPool, ReqToTokenPool
 from weft.runtime.models import TPInfo, build_model, init_dummy_weights
 
 
-def prefill_logits(model: Any, config: Any, ids: torch.Tensor) -> torch.Tensor:
-    """Logits of one prompt prefilled through the paged torch backend: [len(ids), vocab]."""
+def prefill_logits(
+    model: Any, config: Any, ids: torch.Tensor, backend: str = "torch"
+) -> torch.Tensor:
+    """Logits of one prompt prefilled through a paged backend (torch's): [len(ids), vocab]."""
     n = len(ids)
     attn_layer = model.layers[0].self_attn
     pool = KVPool(
@@ -32,7 +34,12 @@ def prefill_logits(model: Any, config: Any, ids: torch.Tensor) -> torch.Tensor:
     )
     table = ReqToTokenPool(1, 64, "cpu")
     table.table[0, :n] = torch.arange(1, n + 1)
-    attn = create_attention_backend("torch", "cpu", pool, table.table, 1)
+    if backend == "triton":  # CUDA-only by name; its kernels run on CPU under TRITON_INTERPRET=1
+        from weft.runtime.attention.triton_backend import TritonAttentionBackend
+
+        attn: Any = TritonAttentionBackend(pool, table.table)
+    else:
+        attn = create_attention_backend(backend, "cpu", pool, table.table, 1)
     fb = ForwardBatch(
         mode=ForwardMode.EXTEND,
         input_ids=ids,
