@@ -22,7 +22,7 @@ MIN_SPLIT_TOKENS = 64
 # The split count's model (decode_num_kv_splits), fitted to the default bf16 launch (64 keys,
 # 4 warps) at kv 2048 in CUDA graphs on the H200, batch 1 to 128 (BENCHMARKS.md, fifteenth
 # session): it picks the measured best count (or one within 2% of it) at every batch there;
-# the old rule (~4 programs per SM) ran 4-20% slower at batches 16-96.
+# the old rule (~4 programs per SM) ran 4-21% slower at batches 8-96.
 RESIDENT_PROGRAMS = 4
 SATURATING_PROGRAMS = 2.4
 SPLIT_COST = 0.96

@@ -581,6 +581,7 @@ def test_rotary_stores_k_and_v_as_store_kv_does(
         assert outs[1][2][loc[3], 1, 0].item() == 448.0
 
 
+@interpreted
 def test_rotary_store_needs_the_whole_head_rotated() -> None:
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 32, 2).float() / 32))
     cache = wk.cos_sin_cache(inv_freq, 10)
