@@ -73,7 +73,7 @@ class GraphRunner:
     @torch.no_grad()
     def capture(self) -> None:
         if self.blas_mode == "auto":
-            self.blas = choose(self.sizes, projection_timer(self.model))
+            self.blas = choose(self.sizes, projection_timer(self.model, self.sizes[-1]))
         else:
             self.blas = dict.fromkeys(self.sizes, self.blas_mode)
         stream = torch.cuda.Stream()

@@ -50,25 +50,27 @@ def choose(sizes: Sequence[int], time_ms: Callable[[str, int], float]) -> dict[i
     return picks
 
 
-def projection_timer(model: nn.Module, reps: int = 3) -> Callable[[str, int], float]:
-    """time_ms(library, batch) for the model's projection GEMMs (every nn.Linear, in module
-    order, on its own weights, so no layer's weights stay in the L2 for the next): the median
-    of `reps` passes over all of them, after one warm-up pass."""
+def projection_timer(
+    model: nn.Module, max_batch: int, reps: int = 3
+) -> Callable[[str, int], float]:
+    """time_ms(library, batch <= max_batch) for the model's projection GEMMs (every nn.Linear,
+    in module order, on its own weights, so no layer's weights stay in the L2 for the next):
+    the median of `reps` passes over all of them, after one warm-up pass."""
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    inputs: dict[tuple[int, int], torch.Tensor] = {}
+    inputs: dict[int, torch.Tensor] = {}  # per input width: max_batch random rows
 
     def time_ms(library: str, batch: int) -> float:
+        assert batch <= max_batch, (batch, max_batch)
         if not linears:
             return 0.0
         w = linears[0].weight
+        for m in linears:
+            if m.in_features not in inputs:
+                x = torch.randn(max_batch, m.in_features, dtype=w.dtype, device=w.device)
+                inputs[m.in_features] = x
+        xs = [inputs[m.in_features][:batch] for m in linears]
+        times = []
         with torch.no_grad(), blas_library(library):
-            xs = []
-            for m in linears:
-                key = (batch, m.in_features)
-                if key not in inputs:
-                    inputs[key] = torch.randn(batch, m.in_features, dtype=w.dtype, device=w.device)
-                xs.append(inputs[key])
-            times = []
             for rep in range(reps + 1):
                 start = torch.cuda.Event(enable_timing=True)
                 end = torch.cuda.Event(enable_timing=True)
