@@ -51,7 +51,7 @@ class AttentionBackend(ABC):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(k_buffer, v_buffer, slots) of this layer's new tokens, for a caller that stores them
         itself in a kernel it runs anyway (the rotary kernel), or None: the backend stores
-        them in forward. Triton-kernel backends on CUDA lend theirs."""
+        them in forward. The triton and FlashInfer backends lend theirs."""
         return None
 
     def graph_variants(self) -> tuple[bool, ...]:
