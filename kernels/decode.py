@@ -10,12 +10,11 @@ import triton
 import triton.language as tl
 
 from ._check import INDEX_DTYPES, check_tensor, kv_dtypes
+from .attend import LOG2E, _attend, _attend_swapped
 
 if TYPE_CHECKING:
     from .shared_prefix import SharedPrefix
 
-# NOTE: partial results are kept in base 2 (scores scaled by log2(e)), so the kernels use exp2/log2.
-LOG2E = 1.4426950408889634
 # One 64-key block per split is enough work once the reduce merges all splits in one pass
 # (was 256 with a serial merge; see BENCHMARKS.md, sixth session).
 MIN_SPLIT_TOKENS = 64
@@ -26,85 +25,6 @@ MIN_SPLIT_TOKENS = 64
 RESIDENT_PROGRAMS = 4
 SATURATING_PROGRAMS = 2.4
 SPLIT_COST = 0.96
-
-
-@triton.jit
-def _e4m3_to_f16_here(x):  # type: ignore[no-untyped-def]
-    """e4m3 -> float16 by the hardware instruction (sm_89+; CUDA only), 4 values per call, in
-    the layout x was loaded in: as an opaque (impure) op the compiler cannot sink the conversion
-    into the dot's operand layout (see `_attend`)."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
-        "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
-        "=r,=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4,
-    )  # fmt: skip
-
-
-@triton.jit
-def _attend(  # type: ignore[no-untyped-def]
-    q,  # [BLOCK_R, BLOCK_D] query rows, all served by kv head kvh
-    K_buf,  # [num_slots, Hkv, D]
-    V_buf,
-    Tokens,  # a req_to_token row
-    start,
-    end,
-    kvh,
-    qk_scale,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    BLOCK_R: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    FP16_DOTS: tl.constexpr,  # an fp8 pool under a 16-bit q: both dots in float16
-    V_STAGED: tl.constexpr,  # with FP16_DOTS: V converted before its layout change (CUDA)
-):
-    """Online softmax of q over the keys at slots Tokens[start:end]: (acc, row max, row sum).
-
-    NOTE: with FP16_DOTS (an fp8 pool under a 16-bit q) both dots run in float16: e4m3 ->
-    float16 is one instruction per two values on sm_89+, e4m3 -> bfloat16 takes more. At batch
-    512, kv 1536 on an fp8 pool: 697 -> 636 us (block_n 128; 907.8 us at the old block_n 64),
-    60% of the copy ceiling; moving the bits with integer ops instead: 868 us (BENCHMARKS.md,
-    seventh session). Every e4m3 value is exact in float16; a bf16 q loses range beyond 65504.
-    NOTE: V_STAGED: a V tile is the dot's second operand with its rows (keys) as the reduction,
-    and mma wants consecutive keys per register; ldmatrix.trans transposes 16-bit tiles, nothing
-    transposes 8-bit ones, so a conversion sunk into the operand reads V byte by byte (128
-    ld.shared.b8 per thread per tile; benchmarks/ptx_loop.py). Converted where loaded, V goes
-    through shared memory as float16 and ldmatrix.trans: at batch 512, kv 1536, 632 -> 506 us,
-    61% -> 76% of copy (FlashInfer's fp8 decode: 679 us; BENCHMARKS.md, ninth session)."""
-    if FP16_DOTS:
-        q = q.to(tl.float16)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    d_mask = offs_d < D
-    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + offs_n
-        n_mask = n < end
-        slot = tl.load(Tokens + n, mask=n_mask, other=0).to(tl.int64)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k_ptrs = K_buf + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D] (fp8 up)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_R, N]
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])  # [BLOCK_R, BLOCK_N]
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v_ptrs = V_buf + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-        if V_STAGED:
-            v = _e4m3_to_f16_here(v)
-        else:
-            v = v.to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
-    return acc, m_i, l_i
 
 
 @triton.jit
@@ -156,6 +76,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     HAS_KV_STARTS: tl.constexpr,
     V_STAGED: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: merge the prefix's columns (if any) here and write Out
+    SWAP_AB: tl.constexpr,  # the dots transposed (`_attend_swapped`)
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -178,11 +99,18 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     if end > start:
         q_ptrs = Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
         q = tl.load(q_ptrs, mask=hd_mask, other=0.0)  # [BLOCK_H, BLOCK_D]
-        acc, m_i, l_i = _attend(
-            q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start, kv_start + end,
-            kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
-            BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
-        )  # fmt: skip
+        if SWAP_AB:
+            acc, m_i, l_i = _attend_swapped(
+                q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start,
+                kv_start + end, kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
+                BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
+            )  # fmt: skip
+        else:
+            acc, m_i, l_i = _attend(
+                q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start,
+                kv_start + end, kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
+                BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
+            )  # fmt: skip
         if not DIRECT:
             o_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
             tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
@@ -323,6 +251,7 @@ def decode_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     fp8_v_staged: bool | None = None,
+    swap_ab: bool = False,
 ) -> torch.Tensor:
     """Attention of each request's one query over its whole paged KV; returns `out`.
 
@@ -335,7 +264,8 @@ def decode_attention(
     programs supply keys [0, kv_starts[b]). `block_n`, `num_warps`, `num_stages` override the
     per-request kernel's launch (SharedPrefix carries the prefix kernel's). `fp8_v_staged`
     (an fp8 pool under a 16-bit q; CUDA only, the default there) converts V tiles before their
-    layout change (`_attend`); False sinks the conversion into the dot operand.
+    layout change (`_attend`); False sinks the conversion into the dot operand. `swap_ab`
+    runs the per-request kernel's dots transposed (`_attend_swapped`; for measuring).
 
     `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
     S' >= num_kv_splits + shared.num_splits) so CUDA-graph replays reuse one buffer. No host sync:
@@ -419,7 +349,7 @@ def decode_attention(
         G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
         FP16_DOTS=fp16_dots(q, k_buffer), HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged,
-        DIRECT=direct,
+        DIRECT=direct, SWAP_AB=swap_ab,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
     if direct:

@@ -8,7 +8,8 @@ import triton
 import triton.language as tl
 
 from ._check import INDEX_DTYPES, check_tensor, kv_dtypes
-from .decode import LOG2E, _e4m3_to_f16_here, fp8_v_staging, fp16_dots
+from .attend import LOG2E, _e4m3_to_f16_here
+from .decode import fp8_v_staging, fp16_dots
 
 
 @triton.jit
@@ -47,7 +48,7 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     FP16_DOTS: tl.constexpr,  # an fp8 pool under a 16-bit q: the prefix's dots in float16
-    V_STAGED: tl.constexpr,  # the prefix's V tiles converted where loaded (decode.py's `_attend`)
+    V_STAGED: tl.constexpr,  # the prefix's V tiles converted where loaded (attend.py's `_attend`)
     HAS_WORK: tl.constexpr,  # a 1-D grid over (Work item, head group); else (B, H / PACK, blocks)
     HEAD_GROUPS: tl.constexpr,  # H / PACK
 ):
