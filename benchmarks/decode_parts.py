@@ -25,7 +25,7 @@ SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096),
 
 
 @triton.jit
-def _stream_gemm(
+def _stream_gemm(  # type: ignore[no-untyped-def]
     X,
     W,
     Y,
@@ -34,7 +34,7 @@ def _stream_gemm(
     K,
     stride_xm,
     stride_wn,
-    stride_ym,  # type: ignore[no-untyped-def]
+    stride_ym,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,

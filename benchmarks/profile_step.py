@@ -169,8 +169,8 @@ def profile_scheduler(args: argparse.Namespace) -> None:
     out_tokens = len(all_ids) * args.output_len
     print(f"{len(steps)} steps in {total:.2f} s: {out_tokens / total:.0f} output tok/s")
     print("first steps (mode, requests, ms schedule / launch / results):")
-    for mode, n, *ms in steps[:24]:
-        print(f"  {mode} {n}: " + " / ".join(f"{x:.1f}" for x in ms))
+    for mode, n, *times in steps[:24]:
+        print(f"  {mode} {n}: " + " / ".join(f"{x:.1f}" for x in times))
     for mode in ("EXTEND", "DECODE"):
         rows = [s for s in steps if s[0] == mode]
         if rows:
@@ -258,8 +258,8 @@ def host_work_only(runner: ModelRunner, hidden_size: int) -> None:
     def zeros(fb: Any, attn: Any) -> torch.Tensor:
         return torch.zeros(fb.input_ids.numel(), hidden_size, dtype=runner.dtype)
 
-    runner.model.forward = zeros  # type: ignore[method-assign]
-    runner.attn.prepare = lambda fb: None  # type: ignore[method-assign]
+    runner.model.forward = zeros
+    runner.attn.prepare = lambda fb: None
     runner.plan_shared = not runner.config.disable_radix_cache
 
 
