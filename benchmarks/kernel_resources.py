@@ -75,7 +75,7 @@ def main() -> None:
     }
     decode = ((128, 4, 3, "fp8"), (128, 8, 3, "fp8"), (64, 4, 3, "fp8"), (32, 2, 2, "fp8"),
               (64, 4, 3, "bf16"))  # fmt: skip
-    for swap in (False, True):  # swapped: the dots transposed (`_attend_swapped`)
+    for swap in (False, True):  # swapped: the dots transposed (`_attend`'s SWAP_AB)
         for n, w, s, dtype in decode:
             ptrs = decode_ptrs if dtype == "fp8" else {**decode_ptrs, "K_buf": BF16, "V_buf": BF16}
             const = {**split, **(fp8 if dtype == "fp8" else bf16), "BLOCK_N": n, "SWAP_AB": swap}

@@ -43,6 +43,7 @@ def _attend(  # type: ignore[no-untyped-def]
     DOT_PRECISION: tl.constexpr,
     FP16_DOTS: tl.constexpr,  # an fp8 pool under a 16-bit q: both dots in float16
     V_STAGED: tl.constexpr,  # with FP16_DOTS: V converted before its layout change (CUDA)
+    SWAP_AB: tl.constexpr,  # both dots transposed: keys and head dims as their rows
 ):
     """Online softmax of q over the keys at slots Tokens[start:end]: (acc, row max, row sum).
 
@@ -56,7 +57,11 @@ def _attend(  # type: ignore[no-untyped-def]
     transposes 8-bit ones, so a conversion sunk into the operand reads V byte by byte (128
     ld.shared.b8 per thread per tile; benchmarks/ptx_loop.py). Converted where loaded, V goes
     through shared memory as float16 and ldmatrix.trans: at batch 512, kv 1536, 632 -> 506 us,
-    61% -> 76% of copy (FlashInfer's fp8 decode: 679 us; BENCHMARKS.md, ninth session)."""
+    61% -> 76% of copy (FlashInfer's fp8 decode: 679 us; BENCHMARKS.md, ninth session).
+    NOTE: SWAP_AB computes the scores as K q^T [BLOCK_N, BLOCK_R] and the output as V^T p^T
+    [BLOCK_D, BLOCK_R]. A decode group of 4 q heads is padded to 16 rows of a dot; transposed,
+    the dots' rows are 64-128 keys or dims, the shape for which Hopper's warp-group MMA (wgmma)
+    applies. Same results up to float rounding order; not yet timed against the plain walk."""
     if FP16_DOTS:
         q = q.to(tl.float16)
     offs_d = tl.arange(0, BLOCK_D)
@@ -64,7 +69,11 @@ def _attend(  # type: ignore[no-untyped-def]
     d_mask = offs_d < D
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    if SWAP_AB:
+        q_t = tl.trans(q)  # [BLOCK_D, BLOCK_R]
+        acc = tl.zeros([BLOCK_D, BLOCK_R], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
         n = n0 + offs_n
         n_mask = n < end
@@ -72,79 +81,32 @@ def _attend(  # type: ignore[no-untyped-def]
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k_ptrs = K_buf + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D] (fp8 up)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_R, N]
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])  # [BLOCK_R, BLOCK_N]
-        l_i = l_i * alpha + tl.sum(p, 1)
+        if SWAP_AB:
+            s = tl.dot(k, q_t, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_N, BLOCK_R]
+            s = tl.where(n_mask[:, None], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[None, :])
+            l_i = l_i * alpha + tl.sum(p, 0)
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_R, N]
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])  # [BLOCK_R, BLOCK_N]
+            l_i = l_i * alpha + tl.sum(p, 1)
         v_ptrs = V_buf + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
         v = tl.load(v_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
         if V_STAGED:
             v = _e4m3_to_f16_here(v)
         else:
             v = v.to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if SWAP_AB:  # [BLOCK_D, BLOCK_R]
+            pv = tl.dot(tl.trans(v), p.to(v.dtype), input_precision=DOT_PRECISION)
+            acc = acc * alpha[None, :] + pv
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
+    if SWAP_AB:
+        acc = tl.trans(acc)  # [BLOCK_R, BLOCK_D]
     return acc, m_i, l_i
-
-
-@triton.jit
-def _attend_swapped(  # type: ignore[no-untyped-def]
-    q,  # [BLOCK_R, BLOCK_D] query rows, all served by kv head kvh
-    K_buf,  # [num_slots, Hkv, D]
-    V_buf,
-    Tokens,  # a req_to_token row
-    start,
-    end,
-    kvh,
-    qk_scale,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    BLOCK_R: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    FP16_DOTS: tl.constexpr,
-    V_STAGED: tl.constexpr,
-):
-    """`_attend` with both dots transposed: scores as K q^T [BLOCK_N, BLOCK_R] and the output as
-    V^T p^T [BLOCK_D, BLOCK_R], so keys and head dims are the dots' rows (M) and the few query
-    rows their columns (N). A query group of 4 heads fills 16 rows of a dot whose rows are the
-    4 heads padded to 16; transposed, the dot's rows are 64-128 keys or dims, the shape for
-    which Hopper's warp-group MMA (wgmma) applies. Same results up to float rounding order."""
-    if FP16_DOTS:
-        q = q.to(tl.float16)
-    q_t = tl.trans(q)  # [BLOCK_D, BLOCK_R]
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    d_mask = offs_d < D
-    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_R], tl.float32)
-    acc_t = tl.zeros([BLOCK_D, BLOCK_R], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + offs_n
-        n_mask = n < end
-        slot = tl.load(Tokens + n, mask=n_mask, other=0).to(tl.int64)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k_ptrs = K_buf + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
-        s = tl.dot(k, q_t, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_N, BLOCK_R]
-        s = tl.where(n_mask[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[None, :])  # [BLOCK_N, BLOCK_R]
-        l_i = l_i * alpha + tl.sum(p, 0)
-        v_ptrs = V_buf + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
-        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
-        if V_STAGED:
-            v = _e4m3_to_f16_here(v)
-        else:
-            v = v.to(q.dtype)
-        pv = tl.dot(tl.trans(v), p.to(v.dtype), input_precision=DOT_PRECISION)  # [D, R]
-        acc_t = acc_t * alpha[None, :] + pv
-        m_i = m_new
-    return tl.trans(acc_t), m_i, l_i

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ._check import INDEX_DTYPES, check_tensor, kv_dtypes
-from .attend import LOG2E, _attend, _attend_swapped
+from .attend import LOG2E, _attend
 
 if TYPE_CHECKING:
     from .shared_prefix import SharedPrefix
@@ -76,7 +76,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     HAS_KV_STARTS: tl.constexpr,
     V_STAGED: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: merge the prefix's columns (if any) here and write Out
-    SWAP_AB: tl.constexpr,  # the dots transposed (`_attend_swapped`)
+    SWAP_AB: tl.constexpr,  # the dots transposed (`_attend`)
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -99,18 +99,11 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     if end > start:
         q_ptrs = Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
         q = tl.load(q_ptrs, mask=hd_mask, other=0.0)  # [BLOCK_H, BLOCK_D]
-        if SWAP_AB:
-            acc, m_i, l_i = _attend_swapped(
-                q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start,
-                kv_start + end, kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
-                BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
-            )  # fmt: skip
-        else:
-            acc, m_i, l_i = _attend(
-                q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start,
-                kv_start + end, kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
-                BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
-            )  # fmt: skip
+        acc, m_i, l_i = _attend(
+            q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start, kv_start + end,
+            kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
+            BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED, SWAP_AB,
+        )  # fmt: skip
         if not DIRECT:
             o_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
             tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
@@ -265,7 +258,7 @@ def decode_attention(
     per-request kernel's launch (SharedPrefix carries the prefix kernel's). `fp8_v_staged`
     (an fp8 pool under a 16-bit q; CUDA only, the default there) converts V tiles before their
     layout change (`_attend`); False sinks the conversion into the dot operand. `swap_ab`
-    runs the per-request kernel's dots transposed (`_attend_swapped`; for measuring).
+    runs the per-request kernel's dots transposed (`_attend`'s SWAP_AB; for measuring).
 
     `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
     S' >= num_kv_splits + shared.num_splits) so CUDA-graph replays reuse one buffer. No host sync:
