@@ -67,7 +67,10 @@ class MaskWorker:
         # finished by the waiters instead: p50 11.2, p99 46.1 us against 1.8 / 45.3 one by one
         # (a worker taking every queued job at once, tried: 1.8 / 78.0 us; BENCHMARKS.md,
         # eleventh and thirteenth sessions)
-        self.batching = os.environ.get("WEFT_MASK_BATCH", "0") == "1"
+        batching = os.environ.get("WEFT_MASK_BATCH", "0")
+        if batching not in ("0", "1"):
+            raise ValueError(f"WEFT_MASK_BATCH must be 0 or 1, got {batching!r}")
+        self.batching = batching == "1"
         # Python threads taking jobs (WEFT_MASK_THREADS overrides, for measuring)
         threads = os.environ.get("WEFT_MASK_THREADS", "")
         if threads and not threads.isdigit():

@@ -294,3 +294,23 @@ def test_several_worker_threads_give_the_same_masks(monkeypatch: pytest.MonkeyPa
     pairs, ids = lock_step_pairs(40)
     assert walk_in_step_batches(pairs, ids) > 300
     assert len(threads) > 1, threads
+
+
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("WEFT_MASK_THREADS", "two", "WEFT_MASK_THREADS must be a thread count"),
+        ("WEFT_MASK_BATCH", "yes", "WEFT_MASK_BATCH must be 0 or 1"),
+    ],
+)
+def test_bad_worker_switches_are_refused_by_name(
+    name: str, value: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from weft.constrain import llguidance_prefetch
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=message):
+        llguidance_prefetch.MaskWorker()
+    monkeypatch.setenv(name, {"WEFT_MASK_THREADS": "2", "WEFT_MASK_BATCH": "1"}[name])
+    worker = llguidance_prefetch.MaskWorker()
+    assert worker.num_workers == 2 if name == "WEFT_MASK_THREADS" else worker.batching
