@@ -143,7 +143,7 @@ def rotary_embedding(
     check_tensor(cos_sin_cache, "cos_sin_cache", (None, None), (torch.float32,), dev)
     rot = cos_sin_cache.shape[1]
     assert rot % 2 == 0 and rot <= dim, f"rotary dim {rot} must be even and <= head dim {dim}"
-    v = k_buf = v_buf = loc = positions  # NOTE: not read unless kv_store is given
+    v, k_buf, v_buf, loc = k, k, k, positions  # NOTE: not read unless kv_store is given
     if kv_store is not None:
         v, k_buf, v_buf, loc = kv_store
         if rot != dim:
@@ -157,8 +157,7 @@ def rotary_embedding(
     _rotary_kernel[(tokens,)](
         positions, q, k, cos_sin_cache, v, k_buf, v_buf, loc,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-        v.stride(0), v.stride(1) if kv_store else 0, k_buf.stride(0),
-        k_buf.stride(1) if kv_store else 0, v_buf.stride(0), v_buf.stride(1) if kv_store else 0,
+        v.stride(0), v.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         heads, num_kv_heads,
         HALF=rot // 2, BLOCK_H=triton.next_power_of_2(heads),
         BLOCK_HKV=triton.next_power_of_2(num_kv_heads), BLOCK_HALF=triton.next_power_of_2(rot // 2),

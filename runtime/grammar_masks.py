@@ -33,7 +33,7 @@ class GrammarMasks:
         self.apply_ns: deque[int] = deque(maxlen=MASK_FILL_WINDOW)
         self.num_fills = 0
 
-    def warm_up(self, logits_dtype: torch.dtype = torch.float32) -> None:
+    def warm_up(self, logits_dtype: torch.dtype) -> None:
         """CUDA with the fused apply: launch it once per variant a step can take, so that the
         first constrained step neither compiles nor loads the Triton kernel. (Triton specializes
         on 16-byte-aligned pointers: `apply`'s mask-row indices start 8 bytes per masked row

@@ -21,6 +21,8 @@ class AttentionBackend(ABC):
     supports_cuda_graph = False  # decode can be captured: implements prepare_graph
     # decode reads a prefix shared by several requests once per group (ForwardBatch.shared)
     supports_shared_prefix = False
+    # the caller may store the new tokens' K/V itself (kv_store_target, forward's kv_stored)
+    lends_kv_pool = False
 
     def __init__(self, pool: KVPool, req_to_token: torch.Tensor) -> None:
         self.pool = pool
@@ -51,8 +53,10 @@ class AttentionBackend(ABC):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(k_buffer, v_buffer, slots) of this layer's new tokens, for a caller that stores them
         itself in a kernel it runs anyway (the rotary kernel), or None: the backend stores
-        them in forward. The triton and FlashInfer backends lend theirs."""
-        return None
+        them in forward (unless `lends_kv_pool`: the triton and FlashInfer backends)."""
+        if not self.lends_kv_pool:
+            return None
+        return self.pool.k[layer], self.pool.v[layer], batch.out_cache_loc
 
     def graph_variants(self) -> tuple[bool, ...]:
         """Per captured batch size, a graph without (False) and, where the backend reads shared

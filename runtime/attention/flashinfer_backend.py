@@ -31,6 +31,7 @@ class FlashInferAttentionBackend(AttentionBackend):
     """
 
     supports_cuda_graph = True
+    lends_kv_pool = True
 
     def __init__(self, pool: KVPool, req_to_token: torch.Tensor, page_size: int) -> None:
         super().__init__(pool, req_to_token)
@@ -83,11 +84,6 @@ class FlashInferAttentionBackend(AttentionBackend):
         self._lists = self._page_lists(batch.req_rows, batch.seq_lens_cpu, padded_size)
         self._batch = batch
         self._plan(*self._planned)
-
-    def kv_store_target(
-        self, layer: int, batch: ForwardBatch
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.pool.k[layer], self.pool.v[layer], batch.out_cache_loc
 
     def forward(
         self,

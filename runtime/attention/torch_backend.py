@@ -63,7 +63,7 @@ class TorchAttentionBackend(AttentionBackend):
         sliding_window: int | None = None,
         kv_stored: bool = False,
     ) -> torch.Tensor:
-        assert not kv_stored, "the torch backend lends no store target"
+        assert not kv_stored, "the torch backend does not lend its pool (lends_kv_pool)"
         self.pool.store(layer, batch.out_cache_loc, k, v)
         qp = q[self.q_index].transpose(1, 2)  # [B, H, max_q, D]
         kp = self.pool.k[layer][self.kv_index].transpose(1, 2)  # [B, Hkv, max_kv, D]

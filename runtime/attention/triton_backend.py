@@ -42,6 +42,7 @@ class TritonAttentionBackend(AttentionBackend):
     supports_sliding_window = False
     supports_cuda_graph = True
     supports_shared_prefix = True
+    lends_kv_pool = True
 
     def __init__(self, pool: KVPool, req_to_token: torch.Tensor) -> None:
         super().__init__(pool, req_to_token)
@@ -145,11 +146,6 @@ class TritonAttentionBackend(AttentionBackend):
             if self.use_work:
                 seq = batch.seq_lens_cpu[:p]
                 self._work_lens = (lens[:p], [s - n for s, n in zip(seq, lens[:p], strict=True)])
-
-    def kv_store_target(
-        self, layer: int, batch: ForwardBatch
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.pool.k[layer], self.pool.v[layer], batch.out_cache_loc
 
     def forward(
         self,
