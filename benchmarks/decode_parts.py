@@ -5,7 +5,6 @@ split counts and launches.
 
     python benchmarks/decode_parts.py [--batches 1 64] [--skip-attention]
     python benchmarks/decode_parts.py --splits --blas [--batches ...]   # split counts; cuBLAS paths
-    python benchmarks/decode_parts.py --swap    # the decode kernel's transposed dots (wgmma)
 """
 
 from __future__ import annotations
@@ -157,48 +156,6 @@ def bench_splits(ceiling: float, batches: list[int]) -> None:
         torch.cuda.empty_cache()
 
 
-def bench_swap(ceiling: float) -> None:
-    """The decode kernel with its dots transposed (`swap_ab`: keys and dims as the dots' rows,
-    so Hopper's wgmma applies) against the default, over bf16 (kv 2048) and fp8 (kv 1536) pools,
-    in CUDA graphs: us per call and % of copy; the swapped launch swept, outputs checked."""
-    from weft.kernels import decode_attention, decode_num_kv_splits
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print("\ndecode attention, plain vs swapped dots, in a CUDA graph: us per call, % of copy")
-    launches = [(bn, w, st) for bn in (64, 128) for w in (4, 8) for st in (2, 3)]
-    for dtype, kv in (("bf16", 2048), ("fp8", 1536)):
-        for bsz in (1, 8, 64, 256, 512):
-            kv_bytes = 1 if dtype == "fp8" else 2
-            nbytes = decode_bytes(bsz, kv, kv_bytes=kv_bytes)
-            layers = max(2, min(16, (256 << 20) // nbytes))
-            sets = [decode_setup(bsz, kv) for _ in range(layers)]
-            if dtype == "fp8":
-                for a in sets:
-                    a["k_buffer"] = a["k_buffer"].to(torch.float8_e4m3fn)
-                    a["v_buffer"] = a["v_buffer"].to(torch.float8_e4m3fn)
-            splits = decode_num_kv_splits(bsz, 8, kv, sms)
-            base = partial(decode_attention, num_kv_splits=splits)
-            plain = graph_ms([partial(base, **a) for a in sets])
-            want = sets[0]["out"].clone()
-            rows = []
-            for bn, w, st in launches:
-                kw = {"block_n": bn, "num_warps": w, "num_stages": st, "swap_ab": True}
-                try:
-                    ms = graph_ms([partial(base, **a, **kw) for a in sets])
-                except Exception as e:  # noqa: BLE001 - a launch that does not fit is skipped
-                    print(f"  {dtype} B={bsz} swapped {bn}/{w}/{st}: {type(e).__name__}")
-                    continue
-                err = (sets[0]["out"].float() - want.float()).abs().max().item()
-                rows.append((ms, bn, w, st, err))
-            rows.sort()
-            best = ", ".join(f"{ms * 1e3:.1f} {nbytes / ms / 1e6 / ceiling:.0%} ({bn}/{w}/{st}, "
-                             f"err {e:.1e})" for ms, bn, w, st, e in rows[:3])  # fmt: skip
-            print(f"  {dtype} B={bsz:<3} splits {splits}: plain {plain * 1e3:.1f} "
-                  f"{nbytes / plain / 1e6 / ceiling:.0%} | swapped best: {best}")  # fmt: skip
-            del sets
-            torch.cuda.empty_cache()
-
-
 def bench_blas(ceiling: float, batches: list[int]) -> None:
     """cuBLAS as torch picks it against cuBLASLt preferred, per projection and token count."""
     print(
@@ -229,14 +186,10 @@ def main() -> None:
     ap.add_argument("--skip-attention", action="store_true")
     ap.add_argument("--splits", action="store_true", help="only the split-count sweep")
     ap.add_argument("--blas", action="store_true", help="only cuBLAS against cuBLASLt")
-    ap.add_argument("--swap", action="store_true", help="only the decode kernel's swapped dots")
     args = ap.parse_args()
     ceiling = copy_gbps()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__},"
           f" copy {ceiling:.0f} GB/s")  # fmt: skip
-    if args.swap:
-        bench_swap(ceiling)
-        return
     if args.splits or args.blas:
         if args.splits:
             bench_splits(ceiling, args.batches)

@@ -75,12 +75,10 @@ def main() -> None:
     }
     decode = ((128, 4, 3, "fp8"), (128, 8, 3, "fp8"), (64, 4, 3, "fp8"), (32, 2, 2, "fp8"),
               (64, 4, 3, "bf16"))  # fmt: skip
-    for swap in (False, True):  # swapped: the dots transposed (`_attend`'s SWAP_AB)
-        for n, w, s, dtype in decode:
-            ptrs = decode_ptrs if dtype == "fp8" else {**decode_ptrs, "K_buf": BF16, "V_buf": BF16}
-            const = {**split, **(fp8 if dtype == "fp8" else bf16), "BLOCK_N": n, "SWAP_AB": swap}
-            label = f"decode split kernel{', swapped' if swap else ''}, {dtype}, {n} keys"
-            rows.append((label, _decode_split_kernel, ptrs, const, w, s))
+    for n, w, s, dtype in decode:
+        ptrs = decode_ptrs if dtype == "fp8" else {**decode_ptrs, "K_buf": BF16, "V_buf": BF16}
+        rows.append((f"decode split kernel, {dtype}, {n} keys", _decode_split_kernel, ptrs,
+                     {**split, **(fp8 if dtype == "fp8" else bf16), "BLOCK_N": n}, w, s))  # fmt: skip
     ext = {**common, "PACK": 1, "HAS_WORK": True, "HEAD_GROUPS": 32}
     rows.append(("extend kernel, fp8 pool, 128 x 128", _extend_kernel, extend_ptrs,
                  {**ext, **fp8, "BLOCK_M": 128, "BLOCK_N": 128}, 8, 2))  # fmt: skip

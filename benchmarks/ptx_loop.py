@@ -28,11 +28,10 @@ STRIDES = ["stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "str
 
 
 def compile_split_kernel(
-    fp8: bool, staged: bool, block_n: int, warps: int, stages: int, swap_ab: bool = False
+    fp8: bool, staged: bool, block_n: int, warps: int, stages: int
 ) -> triton.compiler.CompiledKernel:
     """The split kernel as the runtime launches it for 32 q / 8 kv heads, d 128, bf16 queries:
-    pointers and strides carry the 16-divisibility the launcher specializes on (swap_ab: its
-    dots transposed)."""
+    pointers and strides carry the 16-divisibility the launcher specializes on."""
     kv = "*fp8e4nv" if fp8 else "*bf16"
     sig = {"Q": "*bf16", "K_buf": kv, "V_buf": kv, "Req_to_token": "*i32", "Req_rows": "*i32",
            "Seq_lens": "*i32", "Kv_starts": "*i32", "Part_o": "*fp32", "Part_lse": "*fp32",
@@ -41,7 +40,7 @@ def compile_split_kernel(
     sig.update(dict.fromkeys(STRIDES, "i32"))
     consts = {"G": 4, "D": 128, "BLOCK_H": 16, "BLOCK_D": 128, "BLOCK_N": block_n,
               "PREFIX_BLOCK_N": 64, "DOT_PRECISION": "tf32", "FP16_DOTS": fp8, "HAS_KV_STARTS": False,
-              "V_STAGED": fp8 and staged, "DIRECT": False, "SWAP_AB": swap_ab}  # fmt: skip
+              "V_STAGED": fp8 and staged, "DIRECT": False}  # fmt: skip
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
     aligned = [n for n in names if sig[n].startswith("*") or n.startswith("stride")]

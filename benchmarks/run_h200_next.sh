@@ -22,9 +22,6 @@
 #   bash benchmarks/run_h200_next.sh nogap    # host vs device per decode step, radix cache on
 #                                             # and off, 128 x 2176/256 (the gap it looked for
 #                                             # closed in the twelfth session: on / off 1.000)
-#   bash benchmarks/run_h200_next.sh swap     # the decode kernel's transposed dots (swap_ab,
-#                                             # wgmma): GPU decode tests, then timed against the
-#                                             # default over bf16 and fp8 pools (decode_parts.py)
 #   bash benchmarks/run_h200_fp8.sh prefix    # prefix sharing end to end
 # NOTE: never `git checkout HEAD -- ...` on the device: its copy carries the .git of the landed
 # main, so that restores the session's starting code (tenth session, calls 4-5).
@@ -70,12 +67,6 @@ case "${1:-}" in
     cd benchmarks
     timeout "${TUNE_S:-400}" python3 kernels.py --fp8-prefix 2>&1 | tee "$OUT/fp8_prefix.log"
     ;;
-  swap)
-    timeout "${TEST_S:-150}" python3 -m pytest -v -p no:cacheprovider tests/gpu/test_kernels_cuda.py \
-      -k "decode" 2>&1 | grep -E "PASS|FAIL|ERROR|passed|failed" | tee "$OUT/tests_swap.log"
-    (cd benchmarks && timeout "${SWAP_S:-300}" python3 decode_parts.py --swap 2>&1 \
-      | tee "$OUT/swap.log")
-    ;;
   nogap)
     cd benchmarks
     for cache in "" --no-radix-cache; do
@@ -84,5 +75,5 @@ case "${1:-}" in
         | tee -a "$OUT/nogap.log" | grep "DECODE\|medians\|steps in"
     done
     ;;
-  *) echo "usage: $0 checks|extend|extprof|tune|swap|nogap" >&2; exit 2 ;;
+  *) echo "usage: $0 checks|extend|extprof|tune|nogap" >&2; exit 2 ;;
 esac

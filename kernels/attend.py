@@ -1,5 +1,5 @@
-"""The online-softmax walk of query rows over paged keys (plain and with its dots transposed),
-shared by the decode, shared-prefix and extend kernels, and the fp8 -> float16 conversion."""
+"""The online-softmax walk of query rows over paged keys, shared by the decode, shared-prefix and
+extend kernels, and the fp8 -> float16 conversion."""
 
 from __future__ import annotations
 
@@ -43,7 +43,6 @@ def _attend(  # type: ignore[no-untyped-def]
     DOT_PRECISION: tl.constexpr,
     FP16_DOTS: tl.constexpr,  # an fp8 pool under a 16-bit q: both dots in float16
     V_STAGED: tl.constexpr,  # with FP16_DOTS: V converted before its layout change (CUDA)
-    SWAP_AB: tl.constexpr,  # both dots transposed: keys and head dims as their rows
 ):
     """Online softmax of q over the keys at slots Tokens[start:end]: (acc, row max, row sum).
 
@@ -58,10 +57,11 @@ def _attend(  # type: ignore[no-untyped-def]
     ld.shared.b8 per thread per tile; benchmarks/ptx_loop.py). Converted where loaded, V goes
     through shared memory as float16 and ldmatrix.trans: at batch 512, kv 1536, 632 -> 506 us,
     61% -> 76% of copy (FlashInfer's fp8 decode: 679 us; BENCHMARKS.md, ninth session).
-    NOTE: SWAP_AB computes the scores as K q^T [BLOCK_N, BLOCK_R] and the output as V^T p^T
-    [BLOCK_D, BLOCK_R]. A decode group of 4 q heads is padded to 16 rows of a dot; transposed,
-    the dots' rows are 64-128 keys or dims, the shape for which Hopper's warp-group MMA (wgmma)
-    applies. Same results up to float rounding order; not yet timed against the plain walk."""
+    NOTE: transposing both dots (K q^T and V^T p^T, so their rows are 64-128 keys or dims and
+    Hopper's wgmma applies instead of mma.sync) was slower at every batch and launch tried:
+    batch 64, kv 2048, bf16: 130.8 us plain vs 164.0 us; batch 512, kv 1536, fp8: 487.9 vs
+    581.2 us (BENCHMARKS.md, sixteenth session; the code is in commit ee312c3).
+    """
     if FP16_DOTS:
         q = q.to(tl.float16)
     offs_d = tl.arange(0, BLOCK_D)
@@ -69,11 +69,7 @@ def _attend(  # type: ignore[no-untyped-def]
     d_mask = offs_d < D
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
-    if SWAP_AB:
-        q_t = tl.trans(q)  # [BLOCK_D, BLOCK_R]
-        acc = tl.zeros([BLOCK_D, BLOCK_R], tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
         n = n0 + offs_n
         n_mask = n < end
@@ -81,32 +77,18 @@ def _attend(  # type: ignore[no-untyped-def]
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k_ptrs = K_buf + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D] (fp8 up)
-        if SWAP_AB:
-            s = tl.dot(k, q_t, input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_N, BLOCK_R]
-            s = tl.where(n_mask[:, None], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 0))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[None, :])
-            l_i = l_i * alpha + tl.sum(p, 0)
-        else:
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_R, N]
-            s = tl.where(n_mask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])  # [BLOCK_R, BLOCK_N]
-            l_i = l_i * alpha + tl.sum(p, 1)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_R, N]
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])  # [BLOCK_R, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, 1)
         v_ptrs = V_buf + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
         v = tl.load(v_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
         if V_STAGED:
             v = _e4m3_to_f16_here(v)
         else:
             v = v.to(q.dtype)
-        if SWAP_AB:  # [BLOCK_D, BLOCK_R]
-            pv = tl.dot(tl.trans(v), p.to(v.dtype), input_precision=DOT_PRECISION)
-            acc = acc * alpha[None, :] + pv
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
-    if SWAP_AB:
-        acc = tl.trans(acc)  # [BLOCK_R, BLOCK_D]
     return acc, m_i, l_i

@@ -76,7 +76,6 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     HAS_KV_STARTS: tl.constexpr,
     V_STAGED: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: merge the prefix's columns (if any) here and write Out
-    SWAP_AB: tl.constexpr,  # the dots transposed (`_attend`)
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -102,7 +101,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
         acc, m_i, l_i = _attend(
             q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start, kv_start + end,
             kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
-            BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED, SWAP_AB,
+            BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
         )  # fmt: skip
         if not DIRECT:
             o_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
@@ -244,7 +243,6 @@ def decode_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     fp8_v_staged: bool | None = None,
-    swap_ab: bool = False,
 ) -> torch.Tensor:
     """Attention of each request's one query over its whole paged KV; returns `out`.
 
@@ -257,8 +255,7 @@ def decode_attention(
     programs supply keys [0, kv_starts[b]). `block_n`, `num_warps`, `num_stages` override the
     per-request kernel's launch (SharedPrefix carries the prefix kernel's). `fp8_v_staged`
     (an fp8 pool under a 16-bit q; CUDA only, the default there) converts V tiles before their
-    layout change (`_attend`); False sinks the conversion into the dot operand. `swap_ab`
-    runs the per-request kernel's dots transposed (`_attend`'s SWAP_AB; for measuring).
+    layout change (`_attend`); False sinks the conversion into the dot operand.
 
     `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
     S' >= num_kv_splits + shared.num_splits) so CUDA-graph replays reuse one buffer. No host sync:
@@ -342,7 +339,7 @@ def decode_attention(
         G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
         FP16_DOTS=fp16_dots(q, k_buffer), HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged,
-        DIRECT=direct, SWAP_AB=swap_ab,
+        DIRECT=direct,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
     if direct:

@@ -104,7 +104,7 @@ def _prefix_split_kernel(  # type: ignore[no-untyped-def]
         acc, m_i, l_i = _attend(
             q, K_buf, V_buf, Req_to_token + row * stride_rr, start, end,
             kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
-            BLOCK_R, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED, False,
+            BLOCK_R, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
         )  # fmt: skip
         col = col0 + split
         o_ptrs = Part_o + member[:, None] * stride_ob + heads[:, None] * stride_oh + col * stride_os

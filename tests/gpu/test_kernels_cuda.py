@@ -57,19 +57,10 @@ DECODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("swap_ab", [False, True], ids=["plain", "swapped"])
 @pytest.mark.parametrize("bsz, heads, hkv, dim, page, splits, dtype", DECODE_CASES)
 def test_decode_attention(
-    bsz: int,
-    heads: int,
-    hkv: int,
-    dim: int,
-    page: int,
-    splits: int | None,
-    dtype: torch.dtype,
-    swap_ab: bool,
+    bsz: int, heads: int, hkv: int, dim: int, page: int, splits: int | None, dtype: torch.dtype
 ) -> None:
-    """(swapped: the dots transposed, wgmma on sm_90.)"""
     lens = ragged(bsz, 1, 2048)
     k_buffer, v_buffer, table, rows = bench.random_pool(lens, page, hkv, dim, dtype, poison=True)
     q = torch.randn(bsz, heads, dim, dtype=dtype, device=DEV)
@@ -79,7 +70,7 @@ def test_decode_attention(
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         splits = wk.decode_num_kv_splits(bsz, hkv, max(lens), sms)
     args = (k_buffer, v_buffer, table, rows, seq_lens)
-    wk.decode_attention(q, *args, out, dim**-0.5, splits, swap_ab=swap_ab)
+    wk.decode_attention(q, *args, out, dim**-0.5, splits)
     assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
 
 
@@ -170,11 +161,9 @@ def test_fp8_decode_with_v_staged_or_sunk(
     args = (k_buffer, v_buffer, table, rows, torch.tensor(lens, device=DEV))
     expected = ref.decode_attention_ref(q, *args, dim**-0.5)
     for splits in (1, 4, 16):
-        for swap_ab in (False, True):  # and with the dots transposed
-            out = torch.full_like(q, float("nan"))
-            launch = {"fp8_v_staged": staged, "swap_ab": swap_ab}
-            wk.decode_attention(q, *args, out, dim**-0.5, splits, **launch)
-            assert_close(out, expected, TOL[torch.bfloat16])
+        out = torch.full_like(q, float("nan"))
+        wk.decode_attention(q, *args, out, dim**-0.5, splits, fp8_v_staged=staged)
+        assert_close(out, expected, TOL[torch.bfloat16])
 
 
 EXTEND_CASES = [

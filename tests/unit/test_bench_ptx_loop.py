@@ -32,17 +32,3 @@ def test_fp8_v_staged_reads_no_single_bytes_from_shared_memory() -> None:
     assert sunk_bytes >= 64, sunk_bytes  # the old path: V gathered byte by byte
     assert staged_bytes == 0
     assert staged_converts == sunk_converts == 128  # both convert each K and V value once
-
-
-@pytest.mark.skipif(
-    not (Path(ptx_loop.triton.__file__).parent / "backends/nvidia/bin/ptxas").exists(),
-    reason="this triton ships no ptxas",
-)
-@pytest.mark.parametrize("fp8, block_n, warps", [(True, 128, 8), (False, 64, 4)])
-def test_the_swapped_dots_compile_to_warpgroup_mma(fp8: bool, block_n: int, warps: int) -> None:
-    """The decode kernel's transposed dots (swap_ab) compile for sm_90 (the interpreter cannot
-    tell) and run on wgmma where the plain ones run mma.sync."""
-    plain = ptx_loop.compile_split_kernel(fp8, True, block_n, warps, 3).asm["ptx"]
-    swapped = ptx_loop.compile_split_kernel(fp8, True, block_n, warps, 3, swap_ab=True).asm["ptx"]
-    assert "wgmma.mma_async" not in plain and "mma.sync" in plain
-    assert "wgmma.mma_async" in swapped and "mma.sync" not in swapped

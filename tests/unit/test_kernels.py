@@ -212,7 +212,6 @@ DECODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("swap_ab", [False, True], ids=["plain", "swapped"])
 @pytest.mark.parametrize("heads, hkv, dim, page, splits, dtype, lens, block_n", DECODE_CASES)
 @interpreted
 def test_decode_attention(
@@ -224,16 +223,14 @@ def test_decode_attention(
     dtype: torch.dtype,
     lens: list[int],
     block_n: int | None,
-    swap_ab: bool,
 ) -> None:
-    """(swapped: the per-request kernel's dots transposed, keys and dims as their rows.)"""
     pool = make_pool(lens, lens, page, hkv, dim, dtype)
     bsz = len(lens)
     q = torch.randn(bsz, heads, dim).to(dtype)
     seq_lens = torch.tensor(lens)
     out = torch.full((bsz, heads, dim), NAN, dtype=dtype)
     args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, seq_lens)
-    wk.decode_attention(q, *args, out, dim**-0.5, splits, block_n=block_n, swap_ab=swap_ab)
+    wk.decode_attention(q, *args, out, dim**-0.5, splits, block_n=block_n)
     assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
 
 
@@ -430,10 +427,8 @@ def test_attention_reads_an_fp8_pool(q_dtype: torch.dtype) -> None:
     q = torch.randn(3, 8, 64).to(q_dtype)
     out = torch.full((3, 8, 64), NAN, dtype=q_dtype)
     args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, torch.tensor(lens))
-    for swap_ab in (False, True):
-        out.fill_(NAN)
-        wk.decode_attention(q, *args, out, 0.125, 2, block_n=16, swap_ab=swap_ab)
-        assert_close(out, ref.decode_attention_ref(q, *args, 0.125), TOL[q_dtype])
+    wk.decode_attention(q, *args, out, 0.125, 2, block_n=16)
+    assert_close(out, ref.decode_attention_ref(q, *args, 0.125), TOL[q_dtype])
     if q_dtype == torch.bfloat16:
         # NOTE: decode and extend's prefix take an fp8 pool's dots in float16 (FP16_DOTS),
         # extend's new tokens in the queries' dtype: the interpreter's bfloat16 dots are wrong
