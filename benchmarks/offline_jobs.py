@@ -164,8 +164,10 @@ def timed_generate(
         outs = engine.generate(None, work.params, input_ids=work.input_ids)
     finally:
         timer.cancel()
-    result.seconds = time.perf_counter() - start
-    result.extra["steps"] = step_times(before, engine.get_state())
+    end = time.perf_counter()
+    result.seconds = end - start
+    after = engine.get_state()
+    result.extra["steps"] = step_times(before, after) | timeline(after, start, end)
     assert isinstance(outs, list)
     metas = [o["meta_info"] for o in outs]
     result.num_prompts = len(outs)
@@ -187,6 +189,22 @@ def step_times(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         out[kind] = {"steps": n, "total_s": round(total_s, 3)}
         out[kind]["mean_ms"] = round(1e3 * total_s / n, 3) if n else None
     return out
+
+
+def timeline(after: dict[str, Any], start: float, end: float) -> dict[str, Any]:
+    """Where the run's wall time outside the scheduler's busy periods went: before its first
+    launch, after it went idle for the last time, and idle in between (the scheduler's
+    `busy_periods` are time.perf_counter() seconds of the same machine's monotonic clock)."""
+    periods = [(a, b) for a, b in after.get("busy_periods", []) if b >= start and a <= end]
+    if not periods:
+        return {}
+    gaps = sum(b[0] - a[1] for a, b in zip(periods, periods[1:], strict=False))
+    return {
+        "before_first_step_s": round(periods[0][0] - start, 3),
+        "after_last_step_s": round(end - periods[-1][1], 3),
+        "idle_between_s": round(gaps, 3),
+        "busy_periods": len(periods),
+    }
 
 
 def run_workload(

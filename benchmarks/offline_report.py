@@ -68,7 +68,14 @@ def steps_text(steps: dict[str, Any] | None) -> str:
         for kind in ("extend", "decode")
         if steps[kind]["steps"]
     ]
-    return ", ".join([*parts, f"{steps['retractions']} retracted"])
+    parts.append(f"{steps['retractions']} retracted")
+    if "busy_periods" in steps:  # the scheduler idle: before, after, and in between
+        parts.append(
+            f"idle {steps['before_first_step_s']:.2f} s before the first step, "
+            f"{steps['after_last_step_s']:.2f} s after the last, {steps['idle_between_s']:.2f} s "
+            f"between {steps['busy_periods']} busy periods"
+        )
+    return ", ".join(parts)
 
 
 def runs_table(results: list[RunResult]) -> str:

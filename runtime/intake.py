@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections import deque
 from typing import Any
 
 from weft.constrain import GrammarError
@@ -51,6 +52,7 @@ class RequestIntake:
     chunked: Req | None
     new_token_ratio: float
     stats: dict[str, int]
+    busy_periods: deque[tuple[float, float]]
 
     @property
     def max_total_tokens(self) -> int:
@@ -197,5 +199,6 @@ class RequestIntake:
             # objects the collector skips (frozen at start-up) and its passes over the rest
             "gc_frozen": gc.get_freeze_count(),
             "gc_collections": [g["collections"] for g in gc.get_stats()],
+            "busy_periods": [list(p) for p in self.busy_periods],
             **self.stats,
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.1
 NEW_TOKEN_RATIO_DECAY = 0.001
 FOLLOWER_GRAMMAR_TIMEOUT_SCALE = 4  # followers only wait for compiles rank 0 finished
+BUSY_PERIODS = 64  # the last busy periods kept for get_state
 STATS: dict[str, int] = {  # the scheduler's counters, from zero
     "retractions": 0,
     "prompt_tokens": 0,
@@ -88,6 +90,10 @@ class Scheduler(RequestIntake):
         self.arrivals = 0
         self.stats = dict(STATS)
         self._last_launch: tuple[str, float] | None = None
+        # (first launch, idle again) per busy period, time.perf_counter() seconds: the clock is
+        # the machine's monotonic one, so a client on the same machine places its requests in it
+        self.busy_periods: deque[tuple[float, float]] = deque(maxlen=BUSY_PERIODS)
+        self._busy_since: float | None = None
         self.checked_idle = True
         scale = 1 if self.is_leader else FOLLOWER_GRAMMAR_TIMEOUT_SCALE
         self.grammars = GrammarQueue(
@@ -126,6 +132,9 @@ class Scheduler(RequestIntake):
         """Wait for something to do (rank 0 reads the channel and shares it), then apply it."""
         if not self.has_work():
             self._last_launch = None  # the last step is followed by a wait: not counted
+            if self._busy_since is not None:
+                self.busy_periods.append((self._busy_since, time.perf_counter()))
+                self._busy_since = None
         inbox = self.collect(parent_pid) if self.is_leader else None
         if self.tp is not None:
             if not self.is_leader and not self.has_work() and not self.grammars.pending:
@@ -282,6 +291,8 @@ class Scheduler(RequestIntake):
         if batch is None:
             self._last_launch = None
             return None
+        if self._busy_since is None:
+            self._busy_since = now
         # NOTE: counted here, not when the next launch times it: a get_state answered in between
         # sees every step whose results it may have seen
         kind = "decode" if batch.mode == ForwardMode.DECODE else "extend"

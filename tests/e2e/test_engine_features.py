@@ -179,6 +179,22 @@ def test_flush_cache_and_state(engine: Any) -> None:
     assert state["free_tokens"] == state["max_total_tokens"]
 
 
+def test_state_places_a_run_in_the_schedulers_busy_periods(engine: Any) -> None:
+    """get_state's busy_periods (first launch, idle again) are on the client's perf_counter
+    clock: a request's period lies within the client's call, and the runs do not overlap."""
+    idle_state(engine)
+    start = time.perf_counter()
+    gen(engine, "Count to ten")
+    end = time.perf_counter()
+    periods = idle_state(engine)["busy_periods"]
+    assert all(a <= b for a, b in periods) and all(
+        b <= c for (_, b), (c, _) in zip(periods, periods[1:], strict=False)
+    )
+    first, last = periods[-1]
+    assert start <= first <= last <= time.perf_counter()
+    assert first < end  # launched before the output came back
+
+
 def test_child_death_stops_the_engine_with_a_clear_error(tiny_model_dir: Path) -> None:
     eng = weft.Engine(str(tiny_model_dir))
     try:

@@ -187,6 +187,22 @@ def test_headline_constrained_decode_steps_alone() -> None:
     assert "decode steps' time per output token" in rows[1][0]
 
 
+def test_timeline_splits_the_run_outside_the_busy_periods() -> None:
+    """Idle before the first launch, after the last period and between periods; periods of
+    other runs (before start, after end) left out."""
+    after = {"busy_periods": [[1.0, 2.0], [10.5, 11.0], [11.25, 12.0], [20.0, 21.0]]}
+    got = offline_jobs.timeline(after, 10.0, 12.5)
+    assert got == {"before_first_step_s": 0.5, "after_last_step_s": 0.5,
+                   "idle_between_s": 0.25, "busy_periods": 2}  # fmt: skip
+    assert offline_jobs.timeline({"busy_periods": [[1.0, 2.0]]}, 10.0, 12.5) == {}
+    steps = {"retractions": 0, "extend": {"steps": 1, "mean_ms": 5.0},
+             "decode": {"steps": 0, "mean_ms": None}, **got}  # fmt: skip
+    text = offline_report.steps_text(steps)
+    assert text.endswith(
+        "idle 0.50 s before the first step, 0.50 s after the last, 0.25 s between 2 busy periods"
+    )
+
+
 ##### End to end #####
 
 
@@ -204,6 +220,9 @@ def test_every_mode_tiny_on_cpu(tiny_config: Path, tmp_path: Path, monkeypatch) 
         assert runs[key]["error"] is None, runs[key]
         assert runs[key]["output_tok_per_s"] > 0 and math.isfinite(runs[key]["output_tok_per_s"])
     assert runs["offline"]["output_tokens"] == 6 * 6
+    timeline = runs["offline"]["steps"]  # the scheduler's idle time is placed
+    assert timeline["busy_periods"] >= 1 and timeline["before_first_step_s"] >= 0
+    assert "s before the first step" in report["markdown"]
     assert runs["hf"]["output_tokens"] == 4 * 6 and runs["hf"]["num_prompts"] == 4
     assert 24 <= runs["prefix:on"]["cached_tokens"] <= 2 * 2 * 24  # later requests of a group hit
     assert runs["prefix:off"]["cached_tokens"] == 0
