@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 200
 GRAMMAR_POLL_MS = 2  # while grammars compile, look for finished ones this often
+# messages read per loop pass, in bytes (at least one message): a large generate call arrives
+# in parts (tokenizer_manager.BATCH_PART_TOKENS), and the parts not read yet wait in the socket
+# while the steps launched run, instead of all being decoded before the first step
+RECV_BYTES = 1 << 20
 
 
 class RequestIntake:
@@ -76,7 +80,7 @@ class RequestIntake:
     def collect(self, parent_pid: int) -> Inbox:
         """Rank 0: messages and finished grammar compiles; blocks while there is nothing to do."""
         assert self.channel is not None
-        msgs = self.channel.recv_all()
+        msgs = self.channel.recv_all(RECV_BYTES)
         ready, failed = self.grammars.scan()
         while not msgs and not ready and not failed and not self.has_work():
             compiling = bool(self.grammars.pending)

@@ -66,14 +66,19 @@ class Channel:
             return None
         return decode(self.pull.recv())
 
-    def recv_all(self) -> list[Message]:
+    def recv_all(self, max_bytes: int | None = None) -> list[Message]:
+        """The messages waiting, without waiting; with `max_bytes`, it stops once it has read
+        that many bytes (at least one message) and leaves the rest queued in the socket."""
         out: list[Message] = []
-        while True:
+        read = 0
+        while max_bytes is None or read < max_bytes:
             try:
                 data = self.pull.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return out
+                break
+            read += len(data)
             out.append(decode(data))
+        return out
 
     def close(self) -> None:
         for sock in [self.pull, *self.push.values()]:

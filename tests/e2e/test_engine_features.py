@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import weft
+from weft.runtime import tokenizer_manager
 from weft.runtime.tokenizer_manager import RuntimeDown
 
 WORLD = 905  # " world"
@@ -298,6 +299,19 @@ def test_a_batch_is_sent_as_one_message_and_prefilled_in_one_step(engine: Any) -
         isinstance(outs, list) and [o["meta_info"]["completion_tokens"] for o in outs] == [1] * 24
     )
     assert engine.get_state()["extend_steps"] - before["extend_steps"] == 1
+
+
+def test_a_batch_in_parts_gives_the_outputs_of_one_message(
+    engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call larger than BATCH_PART_TOKENS goes to the scheduler in several messages: the same
+    greedy outputs, in input order."""
+    prompts = [[20 + i, 30 + i, 40 + i, 50 + i] for i in range(24)]
+    params = {"max_new_tokens": 3, "ignore_eos": True, "temperature": 0}
+    whole = engine.generate(input_ids=prompts, sampling_params=params)
+    monkeypatch.setattr(tokenizer_manager, "BATCH_PART_TOKENS", 10)  # parts of 3 prompts
+    parts = engine.generate(input_ids=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in parts] == [o["output_ids"] for o in whole]
 
 
 def test_a_batch_with_a_running_rid_is_refused_whole(engine: Any) -> None:
