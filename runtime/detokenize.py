@@ -87,6 +87,17 @@ class IncrementalDecoder:
         self._pieces.append(new)
         return new
 
+    def finish(self, ids: Sequence[int]) -> str:
+        """push(ids) then flush(), with one decode (a whole output that arrives at its end: the
+        push would decode the window twice more, and the flush once); returns the new text."""
+        assert not self._flushed, "finish() after flush()"
+        self._flushed = True
+        self._window.extend(ids)
+        self._num_tokens += len(ids)
+        new = self._decode(self._window)[len(self._surr_text) :]
+        self._pieces.append(new)
+        return new
+
     @property
     def text(self) -> str:
         """All text emitted so far (the concatenation of the push and flush results)."""

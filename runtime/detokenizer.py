@@ -52,6 +52,8 @@ class Detokenizer:
         if out.token_by_token:  # exactly as the scheduler's stop check pushed them
             for token in ids:
                 st.decoder.push([token])
+        elif fin is not None:  # the last ids: one decode (1,024 x 256 on the VM: 0.93 -> 0.4 s)
+            st.decoder.finish(ids)
         else:  # one decode for the step's tokens (a whole output: 1,024 x 256 took 2 s singly)
             st.decoder.push(ids)
         if fin is None:
@@ -61,7 +63,7 @@ class Detokenizer:
             st.emitted = max(st.emitted, stable)
             return StrOut(delta, out)
         del self.streams[out.rid]
-        st.decoder.flush()
+        st.decoder.flush()  # (nothing left after finish())
         text = st.decoder.text
         if fin.trim_offset is not None and not out.no_stop_trim:
             text = text[: fin.trim_offset]
