@@ -3,13 +3,45 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 REPLACEMENT_CHAR = "\ufffd"  # what a decode shows for an incomplete (or invalid) UTF-8 sequence
 MAX_HELD_TOKENS = 64  # NOTE: bounds one push's cost when the text stays incomplete (see below)
+
+
+def one_shot_texts(tokenizer: Any, items: Sequence[tuple[Sequence[int], Sequence[int]]],
+                   skip_special_tokens: bool) -> list[str] | None:  # fmt: skip
+    """The texts IncrementalDecoder(prefix_ids=prefix).finish(ids) gives for each (prefix, ids),
+    in two batched calls of the Rust tokenizer (parallel over the cores where it may be), or
+    None when the tokenizer's decode is not exactly that call (not a stock fast tokenizer).
+
+    NOTE: a stock fast tokenizer's decode with clean_up_tokenization_spaces=False is
+    backend_tokenizer.decode(ids, skip_special_tokens) (spaces_between_special_tokens applies to
+    slow tokenizers only); per output, transformers' decode first checks every id in Python.
+    1,024 finished outputs of 256 tokens decoded one by one took ~0.4 s on the 2-core VM."""
+    from transformers import PreTrainedTokenizerFast
+
+    stock = PreTrainedTokenizerFast
+    if type(tokenizer).decode is not stock.decode or type(tokenizer)._decode is not stock._decode:
+        return None
+    backend = tokenizer.backend_tokenizer
+    prefixes = [list(p) for p, _ in items]
+    surr = backend.decode_batch([p for p in prefixes if p], skip_special_tokens=skip_special_tokens)
+    heads = iter(surr)
+    contexts = [next(heads) if p else "" for p in prefixes]
+    seqs = []
+    for i, (prefix, (_, ids)) in enumerate(zip(prefixes, items, strict=True)):
+        if contexts[i].endswith(REPLACEMENT_CHAR):  # as IncrementalDecoder: decode without it
+            prefix, contexts[i] = [], ""
+        seqs.append(prefix + list(ids))
+    texts = backend.decode_batch(seqs, skip_special_tokens=skip_special_tokens)
+    return [
+        text[len(c) :] if ids else ""
+        for text, c, (_, ids) in zip(texts, contexts, items, strict=True)
+    ]
 
 
 class IncrementalDecoder:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from weft.runtime.config import EngineConfig
-from weft.runtime.detokenize import IncrementalDecoder
+from weft.runtime.detokenize import IncrementalDecoder, one_shot_texts
 from weft.runtime.ipc import Channel, Endpoints, parent_alive, run_child
 from weft.runtime.loader import load_tokenizer
 from weft.runtime.messages import BatchStrOut, BatchTokenOut, StrOut, TokenOut
@@ -33,7 +33,24 @@ class Detokenizer:
         self.streams: dict[str, _Stream] = {}
 
     def process(self, batch: BatchTokenOut) -> BatchStrOut:
-        return BatchStrOut([self._one(out) for out in batch.outs])
+        """Each output's text; whole outputs that arrive finished (no earlier report, decoded at
+        once: not token by token) are decoded together, in batched calls (`one_shot_texts`)."""
+        whole: dict[bool, list[int]] = {}  # skip_special_tokens -> indices in batch.outs
+        for i, out in enumerate(batch.outs):
+            if out.finish is not None and not out.token_by_token and out.rid not in self.streams:
+                whole.setdefault(out.skip_special_tokens, []).append(i)
+        done: dict[int, StrOut] = {}
+        for skip, idx in whole.items():
+            outs = [batch.outs[i] for i in idx]
+            items = [(out.decode_prefix, _shown_ids(out)) for out in outs]
+            texts = one_shot_texts(self.tokenizer, items, skip)
+            if texts is None:  # not a stock fast tokenizer: one by one (below)
+                continue
+            for i, out, text in zip(idx, outs, texts, strict=True):
+                done[i] = _final(out, text, emitted=0)
+        return BatchStrOut(
+            [done[i] if i in done else self._one(out) for i, out in enumerate(batch.outs)]
+        )
 
     def _one(self, out: TokenOut) -> StrOut:
         st = self.streams.get(out.rid)
@@ -45,10 +62,8 @@ class Detokenizer:
                 prefix_ids=out.decode_prefix,
             )
             st = self.streams[out.rid] = _Stream(decoder, StopMatcher(out.stop))
-        ids = out.new_ids
+        ids = _shown_ids(out)
         fin = out.finish
-        if fin is not None and isinstance(fin.matched, int) and not out.no_stop_trim and ids:
-            ids = ids[:-1]  # a matched EOS / stop token id never shows in the text
         if out.token_by_token:  # exactly as the scheduler's stop check pushed them
             for token in ids:
                 st.decoder.push([token])
@@ -64,10 +79,23 @@ class Detokenizer:
             return StrOut(delta, out)
         del self.streams[out.rid]
         st.decoder.flush()  # (nothing left after finish())
-        text = st.decoder.text
-        if fin.trim_offset is not None and not out.no_stop_trim:
-            text = text[: fin.trim_offset]
-        return StrOut(text[st.emitted :], out, full_text=text)
+        return _final(out, st.decoder.text, st.emitted)
+
+
+def _shown_ids(out: TokenOut) -> list[int]:
+    """The new ids whose text shows: a matched EOS / stop token id never does."""
+    fin = out.finish
+    if fin is not None and isinstance(fin.matched, int) and not out.no_stop_trim and out.new_ids:
+        return out.new_ids[:-1]
+    return out.new_ids
+
+
+def _final(out: TokenOut, text: str, emitted: int) -> StrOut:
+    """A finished output: its whole text (cut at a matched stop string) and the unsent rest."""
+    assert out.finish is not None
+    if out.finish.trim_offset is not None and not out.no_stop_trim:
+        text = text[: out.finish.trim_offset]
+    return StrOut(text[emitted:], out, full_text=text)
 
 
 def run_detokenizer_process(

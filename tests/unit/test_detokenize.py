@@ -274,3 +274,63 @@ def test_token_out_says_when_the_scheduler_decodes_token_by_token(stop):
     req = Req(rid="r", input_ids=[1, 2], params=params, max_new_tokens=4)
     req.stop_state = StopState.for_req(req, smollm())
     assert token_out(req).token_by_token == bool(stop)
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+@pytest.mark.parametrize("skip", [True, False])
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_one_shot_texts_equal_the_incremental_decoders(name, skip, data):
+    """Batched decodes of whole outputs give IncrementalDecoder(prefix).finish(ids)'s text, also
+    for a prefix that ends mid-character (dropped) and for invalid bytes."""
+    from weft.runtime.detokenize import one_shot_texts
+
+    tokenizer = TOKENIZERS[name]()
+    items = [
+        (data.draw(token_ids(name)), data.draw(token_ids(name)))
+        for _ in range(data.draw(st.integers(1, 4)))
+    ]
+    want = [
+        IncrementalDecoder(tokenizer, skip_special_tokens=skip, prefix_ids=p).finish(ids)
+        for p, ids in items
+    ]
+    assert one_shot_texts(tokenizer, items, skip) == want
+    assert one_shot_texts(Recorder(tokenizer), items, skip) is None  # not a stock fast tokenizer
+
+
+def test_detokenizer_batches_whole_outputs_as_it_decodes_them_one_by_one():
+    """A batch mixing whole finished outputs (EOS matched, stop string cut, skip specials or
+    not), a streamed one finishing and a token-by-token one: the texts of the general path."""
+    from weft.runtime.detokenizer import Detokenizer
+    from weft.runtime.messages import BatchTokenOut, FinishReason, TokenOut
+
+    tok = smollm()
+    ids = encode(tok, " | ".join(SAMPLES))
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def out(rid, new_ids, finish, **kw):
+        return TokenOut(rid=rid, new_ids=new_ids, finish=finish, prompt_tokens=3,
+                        cached_tokens=0, completion_tokens=len(new_ids), **kw)  # fmt: skip
+
+    length = FinishReason("length", length=len(ids))
+    batches = [
+        [out("streamed", ids[:5], None)],
+        [
+            out("whole", ids, length, decode_prefix=encode(tok, "Say:")),
+            out("eos", [*ids, eos], FinishReason("stop", matched=eos)),
+            out("specials", [eos, *ids[:7]], length, skip_special_tokens=False),
+            out("cut", ids, FinishReason("stop", matched="world", trim_offset=4)),
+            out("streamed", ids[5:], length),
+            out("by-token", ids[:9], length, token_by_token=True),
+        ],
+    ]
+    fast, general = Detokenizer(tok), Detokenizer(Recorder(tok))
+    got = [[(o.text, o.full_text) for o in fast.process(BatchTokenOut(b)).outs] for b in batches]
+    want = [
+        [(o.text, o.full_text) for o in general.process(BatchTokenOut(b)).outs] for b in batches
+    ]
+    assert got == want
+    texts = {o.token.rid: o.full_text for o in general.process(BatchTokenOut(batches[1])).outs}
+    assert texts["whole"] == texts["eos"] == " | ".join(SAMPLES)
+    assert texts["cut"] == " | ".join(SAMPLES)[:4] and texts["specials"].startswith("<|im_end|>")
+    assert fast.streams == general.streams == {}
