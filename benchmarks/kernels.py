@@ -1,7 +1,8 @@
 """Kernel timings on CUDA: weft.kernels against the device-to-device copy ceiling of the same run.
 
     python benchmarks/kernels.py [--quick | --decode-only | --shared-only | --small-decode |
-                                  --extend-only [--quick] | --fp8-peer | --fp8-prefix]
+                                  --extend-only [--quick] | --fp8-peer | --fp8-prefix |
+                                  --prefix-pools]
 
 Medians of CUDA-event timings after warm-up (triton.testing.do_bench, L2 flushed between runs), on
 random data. GB/s counts the fewest bytes each kernel must move (every input read once, every
@@ -328,6 +329,9 @@ def main() -> None:
     parser.add_argument(
         "--extend-work", action="store_true", help="only extend attention, grid vs work list"
     )
+    parser.add_argument(
+        "--prefix-pools", action="store_true", help="only the prefix kernel, bf16 vs fp8 pool"
+    )
     args = parser.parse_args()
     assert torch.cuda.is_available(), "benchmarks/kernels.py needs CUDA"
     torch.manual_seed(0)
@@ -345,6 +349,11 @@ def main() -> None:
         from kernels_extend import bench_extend_work
 
         bench_extend_work()
+        return
+    if args.prefix_pools:
+        from kernels_fp8 import bench_prefix_kernel_pools
+
+        bench_prefix_kernel_pools(ceiling)
         return
     if args.fp8_prefix:
         from kernels_fp8 import bench_prefix_decode_fp8

@@ -161,3 +161,41 @@ def bench_prefix_decode_fp8(ceiling: float) -> None:
             times = sorted((run(c, {}) if as_prefix else run({}, c), i) for i, c in enumerate(grid))
             best = ", ".join(f"{ms * 1e3:.1f} us {grid[i]}" for ms, i in times[:5])
             print(f"    {name} kernel, best of {len(grid)}: {best}")
+
+
+def bench_prefix_kernel_pools(ceiling: float) -> None:
+    """The shared-prefix kernel alone (64 groups x 16 on a 2048-token prefix, the runtime's
+    launch) over a bf16 pool and an fp8 pool, and with its tile of keys at 64 and 128: us, TFLOP/s
+    (4 * rows * keys * 128 per kv head) and % of its byte roofline (the prefix read once). Whether
+    the fp8 pool's conversion or the dots bound it: over bf16 it reads twice the bytes."""
+    from weft.kernels import SharedPrefix, decode_num_kv_splits
+    from weft.kernels.shared_prefix import shared_prefix_splits
+    from weft.runtime.shared_prefix import prefix_splits
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    groups, size, prefix, own = 64, 16, 2048, 160
+    bsz = groups * size
+    flops = 4 * bsz * 32 * prefix * 128
+    print(
+        f"\nthe prefix kernel alone, {groups} groups x {size} on {prefix}: us, TFLOP/s, % of bytes"
+    )
+    base = decode_setup(bsz, prefix + own)
+    blocks, _ = share_prefixes(base, groups, size, prefix)
+    splits = decode_num_kv_splits(bsz, 8, own, sms)
+    nsplit = prefix_splits(prefix, groups, 8)
+    partials = (torch.empty(bsz, 32, splits + nsplit, 128, dtype=torch.float32, device="cuda"),
+                torch.empty(bsz, 32, splits + nsplit, dtype=torch.float32, device="cuda"))  # fmt: skip
+    for pool in ("bf16", "fp8"):
+        k, v = base["k_buffer"], base["v_buffer"]
+        if pool == "fp8":
+            k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+        nbytes = groups * prefix * 8 * 128 * 2 * k.element_size()
+        cells = []
+        for bn in (64, 128):
+            for warps in (4, 8):
+                shared = SharedPrefix(**blocks, num_splits=nsplit, num_warps=warps)
+                ms = time_ms(partial(shared_prefix_splits, base["q"], k, v, base["req_to_token"],
+                                     shared, partials, base["scale"], splits, bn))  # fmt: skip
+                cells.append(f"{bn} keys/{warps} warps {ms * 1e3:.1f} us "
+                             f"{flops / ms / 1e9:.0f} TF {nbytes / ms / 1e6 / ceiling:.0%}")  # fmt: skip
+        print(f"  {pool} pool: " + " | ".join(cells))
