@@ -4,6 +4,7 @@ bounded number of bytes per pass, leaving the rest queued (the first step starts
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from weft.runtime import tokenizer_manager as tm_mod
 from weft.runtime.generate_input import GenerateInput
 from weft.runtime.ipc import Channel
-from weft.runtime.messages import BatchGenerateReq, TokenizedGenerateReq
+from weft.runtime.messages import BatchGenerateReq, Message, TokenizedGenerateReq
 from weft.runtime.model_info import ModelInfo
 from weft.runtime.sampling_params import SamplingParams
 from weft.runtime.tokenizer_manager import TokenizerManager, batch_parts
@@ -39,18 +40,25 @@ def test_a_large_call_arrives_in_parts_read_a_few_bytes_at_a_time(
     info = ModelInfo(str(tmp_path), "llama", ("LlamaForCausalLM",), 4096, 1000, frozenset([2]))
     prompts = [[7 + i] * 30 for i in range(10)]  # 300 tokens: parts of 4, 4 and 2 requests
 
-    async def submit() -> None:
+    async def submit_and_read() -> tuple[list[Message], list[Message]]:
         tm = TokenizerManager(None, info, 100_000, f"ipc://{tmp_path}/scheduler",
                               f"ipc://{tmp_path}/inbox", lambda: None)  # fmt: skip
-        await tm.submit(GenerateInput(input_ids=prompts, sampling_params={"max_new_tokens": 2}))
-        await asyncio.sleep(0.2)  # let the PUSH socket deliver before closing
-        await tm.close()
+        try:
+            await tm.submit(GenerateInput(input_ids=prompts, sampling_params={"max_new_tokens": 2}))
+            assert channel.poller.poll(5000)
+            await asyncio.sleep(0.2)  # let the other parts arrive: the cap must leave them
+            first = channel.recv_all(max_bytes=1)
+            rest: list[Message] = []
+            deadline = time.monotonic() + 10
+            while len(first) + len(rest) < 3 and time.monotonic() < deadline:
+                channel.poller.poll(100)  # (delivery is asynchronous: wait for all three)
+                rest += channel.recv_all()
+            return first, rest
+        finally:
+            await tm.close()
 
     try:
-        asyncio.run(submit())
-        assert channel.poller.poll(5000)
-        first = channel.recv_all(max_bytes=1)
-        rest = channel.recv_all()
+        first, rest = asyncio.run(submit_and_read())
         assert len(first) == 1 and len(rest) == 2
         reqs = [
             r for m in first + rest for r in (m.reqs if isinstance(m, BatchGenerateReq) else [m])
