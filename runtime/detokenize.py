@@ -38,10 +38,7 @@ def one_shot_texts(tokenizer: Any, items: Sequence[tuple[Sequence[int], Sequence
             prefix, contexts[i] = [], ""
         seqs.append(prefix + list(ids))
     texts = backend.decode_batch(seqs, skip_special_tokens=skip_special_tokens)
-    return [
-        text[len(c) :] if ids else ""
-        for text, c, (_, ids) in zip(texts, contexts, items, strict=True)
-    ]
+    return [text[len(c) :] for text, c in zip(texts, contexts, strict=True)]
 
 
 class IncrementalDecoder:
@@ -123,12 +120,9 @@ class IncrementalDecoder:
         """push(ids) then flush(), with one decode (a whole output that arrives at its end: the
         push would decode the window twice more, and the flush once); returns the new text."""
         assert not self._flushed, "finish() after flush()"
-        self._flushed = True
         self._window.extend(ids)
         self._num_tokens += len(ids)
-        new = self._decode(self._window)[len(self._surr_text) :]
-        self._pieces.append(new)
-        return new
+        return self.flush()
 
     @property
     def text(self) -> str:
