@@ -165,9 +165,10 @@ def bench_prefix_decode_fp8(ceiling: float) -> None:
 
 def bench_prefix_kernel_pools(ceiling: float) -> None:
     """The shared-prefix kernel alone (64 groups x 16 on a 2048-token prefix, the runtime's
-    launch) over a bf16 pool and an fp8 pool, and with its tile of keys at 64 and 128: us, TFLOP/s
-    (4 * rows * keys * 128 per kv head) and % of its byte roofline (the prefix read once). Whether
-    the fp8 pool's conversion or the dots bound it: over bf16 it reads twice the bytes."""
+    launch) over a bf16 pool and an fp8 pool: us, TFLOP/s
+    (4 * rows * keys * 128 per kv head) and % of its byte roofline (the prefix read once), over
+    keys per tile, warps and pipeline stages. Whether the fp8 pool's conversion or the dots bound
+    it: over bf16 it reads twice the bytes."""
     from weft.kernels import SharedPrefix, decode_num_kv_splits
     from weft.kernels.shared_prefix import shared_prefix_splits
     from weft.runtime.shared_prefix import prefix_splits
@@ -190,12 +191,13 @@ def bench_prefix_kernel_pools(ceiling: float) -> None:
         if pool == "fp8":
             k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
         nbytes = groups * prefix * 8 * 128 * 2 * k.element_size()
-        cells = []
-        for bn in (64, 128):
-            for warps in (4, 8):
-                shared = SharedPrefix(**blocks, num_splits=nsplit, num_warps=warps)
+        for bn, warps in ((32, 4), (64, 4), (128, 4), (128, 8)):
+            cells = []
+            for stages in (2, 3, 4):
+                shared = SharedPrefix(**blocks, num_splits=nsplit, num_warps=warps,
+                                      num_stages=stages)  # fmt: skip
                 ms = time_ms(partial(shared_prefix_splits, base["q"], k, v, base["req_to_token"],
                                      shared, partials, base["scale"], splits, bn))  # fmt: skip
-                cells.append(f"{bn} keys/{warps} warps {ms * 1e3:.1f} us "
+                cells.append(f"{stages} stages {ms * 1e3:.1f} us "
                              f"{flops / ms / 1e9:.0f} TF {nbytes / ms / 1e6 / ceiling:.0%}")  # fmt: skip
-        print(f"  {pool} pool: " + " | ".join(cells))
+            print(f"  {pool} pool, {bn} keys, {warps} warps: " + " | ".join(cells))
