@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import json
 import pstats
 import statistics
 import tempfile
@@ -144,7 +145,7 @@ def profile_scheduler(args: argparse.Namespace) -> None:
     steps: list[tuple[str, int, float, float, float]] = []  # mode, batch, ms: sched/launch/results
     prof = cProfile.Profile()
     mode = ForwardMode.EXTEND if args.trace_extend else ForwardMode.DECODE
-    trace = KernelTrace(args.trace_steps, int(args.max_running * 0.9), mode)
+    trace = KernelTrace(args.trace_steps, int(args.max_running * 0.9), mode, args.trace_skip)
     t_start = time.perf_counter()
     while sched.has_work():
         if args.cprofile:
@@ -202,10 +203,13 @@ def prompts(args: argparse.Namespace, vocab: int) -> list[list[int]]:
 
 class KernelTrace:
     """torch.profiler over `steps` consecutive steps of `mode` (decode steps: of at least
-    `min_batch` requests; the first ones met), then a table of their kernels by GPU time."""
+    `min_batch` requests; the first ones met after `skip` of them), then a table of their kernels
+    by GPU time and the GPU's idle gaps between kernels, each with the host call it ended on."""
 
-    def __init__(self, steps: int, min_batch: int, mode: ForwardMode = ForwardMode.DECODE) -> None:
-        self.left, self.traced = steps, 0
+    def __init__(
+        self, steps: int, min_batch: int, mode: ForwardMode = ForwardMode.DECODE, skip: int = 0
+    ) -> None:
+        self.left, self.traced, self.skip = steps, 0, skip
         self.mode, self.min_batch = mode, (min_batch if mode == ForwardMode.DECODE else 0)
         self.prof: torch.profiler.profile | None = None
 
@@ -213,6 +217,9 @@ class KernelTrace:
         """Called before each step is launched."""
         big = batch is not None and batch.mode == self.mode and len(batch.reqs) >= self.min_batch
         if self.left < 0:  # done
+            return
+        if self.prof is None and big and self.skip > 0:
+            self.skip -= 1
             return
         if self.prof is None:
             if big and self.left > 0:
@@ -248,6 +255,44 @@ class KernelTrace:
                 sort_by=key, row_limit=rows, max_name_column_width=70
             )
             print(table)
+        self._gaps(rows)
+
+    def _gaps(self, rows: int) -> None:
+        """The GPU's idle time between the traced kernels (gaps over 50 us), the largest first,
+        each with the host call that launched the kernel after it and the blocking host calls
+        (synchronize, alloc, free, memcpy) under way when the GPU went idle."""
+        assert self.prof is not None
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            self.prof.export_chrome_trace(f.name)
+            events = json.loads(Path(f.name).read_text())["traceEvents"]
+        gpu = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                     key=lambda e: e["ts"])  # fmt: skip
+        runtime = [e for e in events if e.get("cat") == "cuda_runtime"]
+        launches = {e["args"].get("correlation"): e for e in runtime if "correlation" in e["args"]}
+        blocking = [e for e in runtime
+                    if any(w in e["name"] for w in ("ynchronize", "Alloc", "Free", "Memcpy"))]  # fmt: skip
+
+        def during(t: float) -> str:
+            calls = {e["name"] for e in blocking if e["ts"] <= t <= e["ts"] + e.get("dur", 0)}
+            return ", ".join(sorted(calls)) or "-"
+
+        gaps = []
+        end = gpu[0]["ts"] + gpu[0].get("dur", 0) if gpu else 0.0
+        for e in gpu[1:]:
+            if e["ts"] - end > 50:
+                host = launches.get(e["args"].get("correlation"), {})
+                late = host.get("ts", 0) - end
+                gaps.append(
+                    (e["ts"] - end, e["name"][:40], host.get("name", "?"), late, during(end))
+                )
+            end = max(end, e["ts"] + e.get("dur", 0))
+        span = (end - gpu[0]["ts"]) / 1e3 if gpu else 0.0
+        idle = sum(g[0] for g in gaps) / 1e3
+        print(f"GPU idle between kernels (gaps > 50 us): {idle:.1f} ms of a {span:.1f} ms span, "
+              f"{len(gaps)} gaps; largest (us, next kernel, its launch call, launched us after "
+              f"the GPU went idle, [blocking host calls then]):")  # fmt: skip
+        for us, name, call, late, host_calls in sorted(gaps, reverse=True)[:rows]:
+            print(f"  {us:8.0f}  {name:<40} {call} +{late:.0f}  [{host_calls}]")
 
 
 def host_work_only(runner: ModelRunner, hidden_size: int) -> None:
@@ -328,6 +373,7 @@ def main() -> None:
         "--trace-steps", type=int, default=0, help="scheduler: steps to trace (decode, or extend)"
     )
     ap.add_argument("--trace-extend", action="store_true", help="scheduler: trace extend steps")
+    ap.add_argument("--trace-skip", type=int, default=0, help="scheduler: steps to pass first")
     ap.add_argument(
         "--no-model", action="store_true", help="scheduler: host work only (see host_work_only)"
     )
