@@ -2,7 +2,7 @@
 
     python benchmarks/kernels.py [--quick | --decode-only | --shared-only | --small-decode |
                                   --extend-only [--quick] | --fp8-peer | --fp8-prefix |
-                                  --prefix-pools | --gemv]
+                                  --prefix-pools]
 
 Medians of CUDA-event timings after warm-up (triton.testing.do_bench, L2 flushed between runs), on
 random data. GB/s counts the fewest bytes each kernel must move (every input read once, every
@@ -332,9 +332,6 @@ def main() -> None:
     parser.add_argument(
         "--prefix-pools", action="store_true", help="only the prefix kernel, bf16 vs fp8 pool"
     )
-    parser.add_argument(
-        "--gemv", action="store_true", help="only the skinny projections against cuBLAS"
-    )
     args = parser.parse_args()
     assert torch.cuda.is_available(), "benchmarks/kernels.py needs CUDA"
     torch.manual_seed(0)
@@ -352,11 +349,6 @@ def main() -> None:
         from kernels_extend import bench_extend_work
 
         bench_extend_work()
-        return
-    if args.gemv:
-        from kernels_gemv import bench_gemv
-
-        bench_gemv(ceiling)
         return
     if args.prefix_pools:
         from kernels_fp8 import bench_prefix_kernel_pools

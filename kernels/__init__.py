@@ -21,12 +21,10 @@ if TYPE_CHECKING:
     from .norm import fused_add_rmsnorm, rmsnorm
     from .rotary import cos_sin_cache, rotary_embedding
     from .shared_prefix import SharedPrefix
-    from .skinny import GemvLaunch, gemv
 
 _EXPORTS = {
     "FP8_KV": "_check",
     "FP8_MAX": "_check",
-    "GemvLaunch": "skinny",
     "SharedPrefix": "shared_prefix",
     "apply_token_bitmask": "bitmask",
     "cos_sin_cache": "rotary",
@@ -36,7 +34,6 @@ _EXPORTS = {
     "extend_block_tokens": "extend",
     "extend_work": "extend",
     "fused_add_rmsnorm": "norm",
-    "gemv": "skinny",
     "kv_page_indices": "kv_indices",
     "rmsnorm": "norm",
     "rotary_embedding": "rotary",
@@ -47,7 +44,6 @@ _EXPORTS = {
 __all__ = [
     "FP8_KV",
     "FP8_MAX",
-    "GemvLaunch",
     "SharedPrefix",
     "apply_token_bitmask",
     "cos_sin_cache",
@@ -57,7 +53,6 @@ __all__ = [
     "extend_block_tokens",
     "extend_work",
     "fused_add_rmsnorm",
-    "gemv",
     "kv_page_indices",
     "rmsnorm",
     "rotary_embedding",

@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from weft.runtime import skinny
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch, ForwardMode
 from weft.runtime.graph_blas import blas_library, choose, mode_from_env, projection_timer
@@ -57,8 +56,6 @@ class GraphRunner:
         self.pool: Any = None
         self.blas_mode = mode_from_env()
         self.blas: dict[int, str] = {}  # the cuBLAS path each size's graph was captured with
-        self.gemv_mode = skinny.mode_from_env()
-        self.gemv: dict[skinny.Shape, list[int]] = {}  # sizes whose projections run the GEMV
 
     def static_batch(self, bs: int) -> ForwardBatch:
         return ForwardBatch(
@@ -79,7 +76,6 @@ class GraphRunner:
             self.blas = choose(self.sizes, projection_timer(self.model, self.sizes[-1]))
         else:
             self.blas = dict.fromkeys(self.sizes, self.blas_mode)
-        self.gemv = skinny.choose(self.model, self.sizes, self.blas, self.gemv_mode)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -89,9 +85,8 @@ class GraphRunner:
                         self._capture(bs, shared, stream)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        logger.info("captured CUDA graphs for decode batch sizes %s (cuBLASLt at %s; the skinny "
-                    "GEMV at %s)", self.sizes, [bs for bs, lib in self.blas.items()
-                                                if lib == "cublaslt"], self.gemv)  # fmt: skip
+        logger.info("captured CUDA graphs for decode batch sizes %s (cuBLASLt at %s)", self.sizes,
+                    [bs for bs, lib in self.blas.items() if lib == "cublaslt"])  # fmt: skip
 
     def _capture(self, bs: int, shared: bool, stream: torch.cuda.Stream) -> None:
         fb = self.static_batch(bs)

@@ -1,5 +1,4 @@
-"""Building blocks shared by our models: projections, RMSNorm, rotary embedding (incl. Llama 3.1
-scaling), SiLU-and-mul."""
+"""Building blocks shared by our models: RMSNorm, rotary embedding (incl. Llama 3.1 scaling), SiLU-and-mul."""
 
 from __future__ import annotations
 
@@ -11,38 +10,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-
-class Projection(nn.Linear):
-    """nn.Linear whose batches of `gemv_sizes` rows run weft's skinny GEMV (CUDA): a few rows
-    read the weight once at copy speed where cuBLAS falls short. runtime/skinny.py measures which
-    sizes gain, per weight shape, before the decode graphs are captured; empty: always cuBLAS.
-    `gated`: the model calls it through forward_gated (a gated MLP's down projection)."""
-
-    def __init__(
-        self, in_features: int, out_features: int, bias: bool = False, gated: bool = False
-    ) -> None:
-        super().__init__(in_features, out_features, bias=bias)
-        self.gated = gated
-        self.gemv_sizes: frozenset[int] = frozenset()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] in self.gemv_sizes:
-            from weft.kernels import gemv
-
-            return gemv(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
-
-    def forward_gated(
-        self, gate_up: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
-    ) -> torch.Tensor:
-        """self(act(gate_up)) for act = SiLU-and-mul; where the GEMV runs, the activation is
-        computed inside it (as silu_and_mul's kernel rounds it), saving its launch."""
-        if gate_up.shape[0] in self.gemv_sizes:
-            from weft.kernels import gemv
-
-            return gemv(gate_up, self.weight, self.bias, silu_mul=True)
-        return F.linear(act(gate_up), self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):

@@ -247,23 +247,6 @@ def test_silu_and_mul() -> None:
     assert_close(wk.silu_and_mul(gate_up, out=out), ref.silu_and_mul_ref(gate_up), 1e-2)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4])
-@pytest.mark.parametrize(
-    "n, k, silu_mul, bias",
-    [(6144, 4096, False, True), (4096, 14336, True, False), (1000, 72, False, False)],
-)
-def test_gemv_at_the_projection_shapes(
-    rows: int, n: int, k: int, silu_mul: bool, bias: bool
-) -> None:
-    x = torch.randn(rows, (2 if silu_mul else 1) * k, dtype=torch.bfloat16, device=DEV)
-    weight = (torch.randn(n, k, device=DEV) / k**0.5).to(torch.bfloat16)
-    b = torch.randn(n, dtype=torch.bfloat16, device=DEV) if bias else None
-    for launch in (wk.GemvLaunch(), wk.GemvLaunch(8, 1024, 4), wk.GemvLaunch(32, 256, 8)):
-        out = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device=DEV)
-        wk.gemv(x, weight, b, silu_mul=silu_mul, out=out, launch=launch)
-        assert_close(out, ref.gemv_ref(x, weight, b, silu_mul), 1e-2)
-
-
 @pytest.mark.parametrize("neox", [True, False])
 def test_rotary_llama31(neox: bool) -> None:
     from weft.runtime.models.layers import rope_inv_freq

@@ -31,7 +31,6 @@ MODULES = (
     "bitmask",
     "decode",
     "extend",
-    "skinny",
     "kv_indices",
     "kv_store",
     "norm",
@@ -519,39 +518,6 @@ def test_silu_and_mul(inter: int, dtype: torch.dtype) -> None:
     out = torch.full((5, inter), NAN, dtype=dtype)
     wk.silu_and_mul(gate_up, out=out)
     assert_close(out, ref.silu_and_mul_ref(gate_up), TOL[dtype])
-
-
-GEMV_CASES = [
-    # rows, n, k, dtype, bias, silu_mul, launch (block_n, block_k, warps); uneven n and k mask
-    (1, 48, 64, torch.float32, False, False, (16, 32, 4)),
-    (3, 40, 96, torch.bfloat16, True, False, (16, 64, 2)),
-    (4, 64, 128, torch.float16, False, True, (32, 64, 4)),
-    (2, 33, 70, torch.bfloat16, False, True, (16, 32, 1)),
-]
-
-
-@pytest.mark.parametrize("rows, n, k, dtype, bias, silu_mul, launch", GEMV_CASES)
-@interpreted
-def test_gemv(
-    rows: int, n: int, k: int, dtype: torch.dtype, bias: bool, silu_mul: bool, launch: tuple
-) -> None:
-    x = torch.randn(rows + 2, (2 if silu_mul else 1) * k).to(dtype)[1:-1]  # rows at an offset
-    weight = (torch.randn(n, k) / k**0.5).to(dtype)
-    b = torch.randn(n).to(dtype) if bias else None
-    out = torch.full((rows, n), NAN, dtype=dtype)
-    wk.gemv(x, weight, b, silu_mul=silu_mul, out=out, launch=wk.GemvLaunch(*launch))
-    assert_close(out, ref.gemv_ref(x, weight, b, silu_mul), TOL[dtype])
-
-
-@interpreted
-def test_gemv_refuses_what_it_cannot_serve() -> None:
-    weight = torch.randn(16, 32)
-    with pytest.raises(ValueError, match="1..4 rows"):
-        wk.gemv(torch.randn(5, 32), weight)
-    with pytest.raises(ValueError, match="wants 64 .gate"):
-        wk.gemv(torch.randn(1, 32), weight, silu_mul=True)
-    with pytest.raises(ValueError, match="power of 2"):
-        wk.GemvLaunch(block_n=24)
 
 
 ROPE_CASES = [
