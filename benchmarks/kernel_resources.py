@@ -33,9 +33,9 @@ from weft.kernels.shared_prefix import _prefix_split_kernel
 FP8, BF16 = "*fp8e4nv", "*bf16"
 
 
-def resources(fn: Any, pointers: dict[str, str], const: dict[str, Any], warps: int,
-              stages: int) -> str:  # fmt: skip
-    """One compile: 'regs R, stack S B, shared M KB, wgmma W, mma.sync N'."""
+def compile_sm90(fn: Any, pointers: dict[str, str], const: dict[str, Any], warps: int,
+                 stages: int) -> Any:  # fmt: skip
+    """`fn` compiled for sm_90 as a runtime launch specializes it (see the NOTE above)."""
     names = fn.arg_names
     # capitalised arguments are pointers (int32 indices unless given), the others int32
     sig = {n: pointers.get(n, "*i32" if n[0].isupper() else "i32") for n in names}
@@ -46,7 +46,13 @@ def resources(fn: Any, pointers: dict[str, str], const: dict[str, Any], warps: i
     constexprs = {(names.index(k),): v for k, v in const.items()}
     src = ASTSource(fn, sig, constexprs=constexprs, attrs=aligned)
     opts = {"num_warps": warps, "num_stages": stages}
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def resources(fn: Any, pointers: dict[str, str], const: dict[str, Any], warps: int,
+              stages: int) -> str:  # fmt: skip
+    """One compile: 'regs R, stack S B, shared M KB, wgmma W, mma.sync N'."""
+    kernel = compile_sm90(fn, pointers, const, warps, stages)
     ptx = kernel.asm["ptx"]
     tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
