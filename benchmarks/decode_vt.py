@@ -231,13 +231,23 @@ def ptx_counts() -> None:
 
 
 def bench() -> None:
+    """The walks at the offline run's batch (512 x 1536), a small batch and the prefix-sharing
+    run's own walks (1,024 x 256), with the runtime's decode_attention at its own launch."""
     from kernels import copy_gbps, decode_bytes, time_ms
+    from weft.kernels import decode_attention, decode_num_kv_splits
 
     ceiling = copy_gbps()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name(0)}: copy {ceiling:.0f} GB/s; fp8 pool, 32 q / 8 kv heads")
-    for bsz, kv in ((512, 1536), (64, 2048)):
+    for bsz, kv in ((512, 1536), (64, 2048), (1024, 256)):
         args = setup([kv] * bsz, 8, 32, 128, "cuda")
         nbytes = decode_bytes(bsz, kv, kv_bytes=1)
+        fixed = {k: args[k] for k in ("q", "k_buffer", "v_buffer", "req_to_token", "req_rows",
+                                      "seq_lens", "out", "scale")}  # fmt: skip
+        splits = decode_num_kv_splits(bsz, 8, kv, sms)
+        ms = time_ms(partial(decode_attention, **fixed, num_kv_splits=splits))
+        print(f"  batch {bsz}, kv {kv}: the runtime's decode_attention ({splits} splits) "
+              f"{ms * 1e3:.1f} us {nbytes / ms / 1e6 / ceiling:.0%}")  # fmt: skip
         for variant in VARIANTS:
             cells = []
             for bn, w, st in ((64, 4, 3), (128, 4, 3), (128, 8, 3), (128, 4, 2)):
