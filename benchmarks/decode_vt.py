@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections import Counter
 from functools import partial
 from typing import Any
 
@@ -23,6 +24,8 @@ import triton
 import triton.language as tl
 
 from weft.kernels.attend import LOG2E, _attend
+from weft.kernels.decode import fp8_v_staging
+from weft.kernels.reference import decode_attention_ref
 
 PAGE = 16
 
@@ -159,24 +162,9 @@ def walk(args: dict[str, Any], variant: str, block_n: int, warps: int, stages: i
         q, k, v, table, args["req_rows"], args["seq_lens"], out, args["scale"] * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         table.stride(0), G=heads // hkv, D=dim, BLOCK_H=16, BLOCK_N=block_n, PAGE=PAGE, VT=vt,
-        ZERO_TAIL=zero_tail, V_STAGED=q.is_cuda and not vt, num_warps=warps, num_stages=stages,
+        ZERO_TAIL=zero_tail, V_STAGED=not vt and fp8_v_staging(q, k), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
-
-
-def reference(args: dict[str, Any]) -> torch.Tensor:
-    """float32 attention of each request's query over its keys."""
-    q, k, v = args["q"].float(), args["k_buffer"].float(), args["v_buffer"].float()
-    g = q.shape[1] // k.shape[1]
-    outs = []
-    for b in range(q.shape[0]):
-        n = int(args["seq_lens"][b])
-        slots = args["req_to_token"][args["req_rows"][b], :n]
-        kb = k[slots].repeat_interleave(g, 1)  # [n, H, D]
-        vb = v[slots].repeat_interleave(g, 1)
-        w = torch.softmax(torch.einsum("hd,nhd->hn", q[b], kb) * args["scale"], -1)
-        outs.append(torch.einsum("hn,nhd->hd", w, vb))
-    return torch.stack(outs)
 
 
 def setup(
@@ -201,7 +189,8 @@ def check(device: str) -> None:
     for poison in (False, True):
         torch.manual_seed(0)
         args = setup([37, 16, 50, 1, 128], 2, 8, 64, device, poison)
-        want = reference(args)
+        want = decode_attention_ref(*(args[k] for k in ("q", "k_buffer", "v_buffer",
+                                    "req_to_token", "req_rows", "seq_lens", "scale")))  # fmt: skip
         for variant in VARIANTS:
             if poison and variant == "V^T pages (finite pool)":
                 continue
@@ -212,7 +201,7 @@ def check(device: str) -> None:
 
 
 def ptx_counts() -> None:
-    """Shared-memory and conversion instructions of both walks, compiled for sm_90 with the
+    """Shared-memory and conversion instructions of the walks, compiled for sm_90 with the
     launches' specialization (see kernel_resources.py)."""
     from kernel_resources import compile_sm90
 
@@ -223,9 +212,7 @@ def ptx_counts() -> None:
         const = {"G": 4, "D": 128, "BLOCK_H": 16, "BLOCK_N": 128, "PAGE": PAGE, "VT": vt,
                  "ZERO_TAIL": zero_tail, "V_STAGED": not vt}  # fmt: skip
         kernel = compile_sm90(_walk_kernel, ptrs, const, 4, 3)
-        counts: dict[str, int] = {}
-        for m in re.finditer(ops, kernel.asm["ptx"]):
-            counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+        counts = Counter(m.group(1) for m in re.finditer(ops, kernel.asm["ptx"]))
         print(f"{variant}, 128 keys, 4 warps: "
               + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))  # fmt: skip
 

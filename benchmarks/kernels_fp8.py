@@ -165,10 +165,9 @@ def bench_prefix_decode_fp8(ceiling: float) -> None:
 
 def bench_prefix_kernel_pools(ceiling: float) -> None:
     """The shared-prefix kernel alone (64 groups x 16 on a 2048-token prefix, the runtime's
-    launch) over a bf16 pool and an fp8 pool: us, TFLOP/s
-    (4 * rows * keys * 128 per kv head) and % of its byte roofline (the prefix read once), over
-    keys per tile, warps and pipeline stages. Whether the fp8 pool's conversion or the dots bound
-    it: over bf16 it reads twice the bytes."""
+    launch) over a bf16 pool and an fp8 pool, per keys per tile, warps and pipeline stages: us,
+    TFLOP/s (4 * rows * keys * 128 per kv head) and % of its byte roofline (the prefix read once).
+    Whether the fp8 pool's conversion or the dots bound it: over bf16 it reads twice the bytes."""
     from weft.kernels import SharedPrefix, decode_num_kv_splits
     from weft.kernels.shared_prefix import shared_prefix_splits
     from weft.runtime.shared_prefix import prefix_splits

@@ -9,8 +9,7 @@ import triton
 import triton.language as tl
 
 from .attend import LOG2E, _attend
-from .decode import _split_range, fp8_v_staging
-from .decode import fp16_dots as uses_fp16_dots
+from .decode import _split_range, fp8_v_staging, fp16_dots
 
 
 @dataclass(frozen=True)
@@ -135,10 +134,10 @@ def shared_prefix_splits(
     # a query tile of at most 64 rows (32 in fp32): members x their G q heads
     block_m = max(1, min(members, (32 if fp32 else 64) // group))
     tiles = triton.cdiv(members, block_m)
-    fp16_dots = uses_fp16_dots(q, k_buffer)
+    f16 = fp16_dots(q, k_buffer)
     # NOTE: over an fp8 pool (128-key tiles) 2 stages beat 3: 140.8 vs 145.6 us; over bf16 (64
     # keys) 3 beat 2: 163.0 vs 260.4 us (64 groups x 16 on 2048; BENCHMARKS.md, 17th session)
-    stages = shared.num_stages or (2 if fp32 or fp16_dots else 3)
+    stages = shared.num_stages or (2 if fp32 or f16 else 3)
     _prefix_split_kernel[(nb * tiles, k_buffer.shape[1], shared.num_splits)](
         q, k_buffer, v_buffer, req_to_token,
         shared.block_members, shared.block_rows, shared.block_lens, part_o, part_lse,
@@ -150,7 +149,7 @@ def shared_prefix_splits(
         G=group, D=q.shape[2], BLOCK_M=block_m,
         BLOCK_R=max(16, triton.next_power_of_2(block_m * group)),
         BLOCK_D=triton.next_power_of_2(q.shape[2]), BLOCK_N=block_n,
-        DOT_PRECISION="ieee" if fp32 else "tf32", FP16_DOTS=fp16_dots,
+        DOT_PRECISION="ieee" if fp32 else "tf32", FP16_DOTS=f16,
         V_STAGED=fp8_v_staging(q, k_buffer),
         num_warps=shared.num_warps or (8 if fp32 else 4), num_stages=stages,
     )  # fmt: skip
