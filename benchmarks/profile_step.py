@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import itertools
 import json
 import pstats
 import statistics
@@ -113,6 +114,40 @@ def profile_runner(args: argparse.Namespace) -> None:
                 sort_by="self_cuda_time_total", row_limit=args.rows, max_name_column_width=70
             )
         )
+        kernel_timeline(prof, steps=3)
+
+
+def kernel_timeline(prof: torch.profiler.profile, steps: int) -> None:
+    """Per step: kernels, their summed GPU time, and the GPU's idle time between consecutive
+    kernels (the launch gaps inside a graph), with the gaps' median and the kernels before the
+    largest ones."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.loads(Path(f.name).read_text())["traceEvents"]
+    gpu = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                 key=lambda e: e["ts"])  # fmt: skip
+    if not gpu:
+        return
+    busy = sum(e.get("dur", 0) for e in gpu)
+    gaps = []
+    end = gpu[0]["ts"] + gpu[0].get("dur", 0)
+    for prev, e in itertools.pairwise(gpu):
+        gap = e["ts"] - end
+        if 0 < gap < 50:  # inside a step (longer: between steps, host work)
+            gaps.append((gap, prev["name"][:45], e["name"][:45]))
+        end = max(end, e["ts"] + e.get("dur", 0))
+    idle = sum(g[0] for g in gaps)
+    median = statistics.median(g[0] for g in gaps) if gaps else 0.0
+    print(f"per step: {len(gpu) / steps:.0f} kernels, {busy / steps / 1e3:.3f} ms of kernel time, "
+          f"{idle / steps / 1e3:.3f} ms idle in {len(gaps) / steps:.0f} gaps under 50 us "
+          f"(median {median:.2f} us)")  # fmt: skip
+    by_pair: dict[tuple[str, str], list[float]] = {}
+    for gap, a, b in gaps:
+        by_pair.setdefault((a, b), []).append(gap)
+    print("idle between kernel pairs, us per step (pair: count per step x median gap):")
+    for (a, b), v in sorted(by_pair.items(), key=lambda kv: -sum(kv[1]))[:12]:
+        print(f"  {sum(v) / steps:7.1f}  {a} -> {b}: {len(v) / steps:.0f} x "
+              f"{statistics.median(v):.2f}")  # fmt: skip
 
 
 def profile_scheduler(args: argparse.Namespace) -> None:

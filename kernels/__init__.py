@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._check import FP8_KV, FP8_MAX
     from .activation import silu_and_mul
+    from .argmax import argmax_rows
     from .bitmask import apply_token_bitmask
     from .decode import decode_attention, decode_num_kv_splits
     from .extend import extend_attention, extend_block_tokens, extend_work
@@ -27,6 +28,7 @@ _EXPORTS = {
     "FP8_MAX": "_check",
     "SharedPrefix": "shared_prefix",
     "apply_token_bitmask": "bitmask",
+    "argmax_rows": "argmax",
     "cos_sin_cache": "rotary",
     "decode_attention": "decode",
     "decode_num_kv_splits": "decode",
@@ -46,6 +48,7 @@ __all__ = [
     "FP8_MAX",
     "SharedPrefix",
     "apply_token_bitmask",
+    "argmax_rows",
     "cos_sin_cache",
     "decode_attention",
     "decode_num_kv_splits",

@@ -27,6 +27,7 @@ triton = pytest.importorskip(
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = (
     "activation",
+    "argmax",
     "attend",
     "bitmask",
     "decode",
@@ -518,6 +519,23 @@ def test_silu_and_mul(inter: int, dtype: torch.dtype) -> None:
     out = torch.full((5, inter), NAN, dtype=dtype)
     wk.silu_and_mul(gate_up, out=out)
     assert_close(out, ref.silu_and_mul_ref(gate_up), TOL[dtype])
+
+
+@pytest.mark.parametrize("vocab", [1, 2047, 2048, 5000, 9000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@interpreted
+def test_argmax_rows(vocab: int, dtype: torch.dtype) -> None:
+    x = torch.randn(4, vocab + 3).to(dtype)[:, :vocab]  # a row stride wider than the row
+    x[1] = x[1].round()  # many equal maxima: the first one counts
+    x[2] = float("-inf")  # nothing but -inf: index 0, as torch gives
+    x[3, vocab // 2] = float("inf")
+    x[3, vocab - 1] = NAN  # a NaN wins over +inf (torch.argmax)
+    out = torch.full((4,), -7, dtype=torch.int64)
+    wk.argmax_rows(x, out=out)
+    assert out.tolist() == x.float().argmax(-1).tolist()
+    assert wk.argmax_rows(x[:0]).shape == (0,)
+    with pytest.raises(ValueError, match="1 to"):
+        wk.argmax_rows(x[:, :0])
 
 
 ROPE_CASES = [
