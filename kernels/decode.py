@@ -3,7 +3,6 @@ a KV prefix shared by several requests (SharedPrefix) is read once per block of 
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING
 
 import torch
@@ -244,7 +243,6 @@ def decode_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     fp8_v_staged: bool | None = None,
-    prefix_stream: torch.cuda.Stream | None = None,
 ) -> torch.Tensor:
     """Attention of each request's one query over its whole paged KV; returns `out`.
 
@@ -310,10 +308,7 @@ def decode_attention(
         return out
     width = num_kv_splits + prefix_splits
     # one split: the split kernel writes `out`, after merging the prefix kernel's columns if any
-    # (EXPERIMENT, benchmarks/decode_overlap.py: with prefix_stream the prefix kernel runs on
-    # that stream beside the own walks, and the reduce merges)
-    concurrent = shared is not None and prefix_stream is not None
-    direct = num_kv_splits == 1 and not concurrent
+    direct = num_kv_splits == 1
     if direct and shared is None:
         part_o, part_lse = out, out  # NOTE: not read: nothing to merge
     elif partials is None:
@@ -332,14 +327,8 @@ def decode_attention(
     if shared is not None:  # NOTE: first, so that a direct split kernel can merge its columns
         from .shared_prefix import shared_prefix_splits  # NOTE: it imports this module
 
-        main = torch.cuda.current_stream() if concurrent else None
-        if main is not None and prefix_stream is not None:
-            prefix_stream.wait_stream(main)
-            for t in (part_o, part_lse, q):  # their memory stays theirs until the reduce
-                t.record_stream(prefix_stream)
-        with torch.cuda.stream(prefix_stream) if concurrent else contextlib.nullcontext():
-            shared_prefix_splits(q, k_buffer, v_buffer, req_to_token, shared,
-                                 (part_o, part_lse), scale, num_kv_splits, prefix_block_n)  # fmt: skip
+        shared_prefix_splits(q, k_buffer, v_buffer, req_to_token, shared, (part_o, part_lse),
+                             scale, num_kv_splits, prefix_block_n)  # fmt: skip
     _decode_split_kernel[(bsz, num_kv_heads, num_kv_splits)](
         q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, starts, part_o, part_lse, out,
         scale * LOG2E, num_kv_splits, max(prefix_splits, 1), num_kv_splits,
@@ -355,8 +344,6 @@ def decode_attention(
     )  # fmt: skip
     if direct:
         return out
-    if concurrent and prefix_stream is not None:
-        torch.cuda.current_stream().wait_stream(prefix_stream)
     _decode_reduce_kernel[(bsz, heads)](
         part_o, part_lse, seq_lens, starts, out, num_kv_splits, max(prefix_splits, 1),
         num_kv_splits,
