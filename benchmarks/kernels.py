@@ -318,6 +318,9 @@ def main() -> None:
         "--fp8-peer", action="store_true", help="only the fp8-pool decode next to FlashInfer's"
     )
     parser.add_argument(
+        "--fp8-mid", action="store_true", help="only the fp8-pool decode at one to a few waves"
+    )
+    parser.add_argument(
         "--small-decode", action="store_true", help="only small decode batches in CUDA graphs"
     )
     parser.add_argument(
@@ -359,6 +362,11 @@ def main() -> None:
         from kernels_fp8 import bench_prefix_decode_fp8
 
         bench_prefix_decode_fp8(ceiling)
+        return
+    if args.fp8_mid:
+        from kernels_fp8 import bench_decode_fp8_mid
+
+        bench_decode_fp8_mid(ceiling)
         return
     if args.fp8_tune or args.fp8_peer:
         from kernels_fp8 import bench_decode_fp8_peer, bench_decode_fp8_tune

@@ -11,6 +11,7 @@ from kernels import (
     decode_bytes,
     decode_setup,
     flashinfer_decode_ms,
+    graph_ms,
     share_prefixes,
     sweep_launches,
     time_ms,
@@ -200,3 +201,39 @@ def bench_prefix_kernel_pools(ceiling: float) -> None:
                 cells.append(f"{stages} stages {ms * 1e3:.1f} us "
                              f"{flops / ms / 1e9:.0f} TF {nbytes / ms / 1e6 / ceiling:.0%}")  # fmt: skip
             print(f"  {pool} pool, {bn} keys, {warps} warps: " + " | ".join(cells))
+
+
+def bench_decode_fp8_mid(ceiling: float) -> None:
+    """The decode kernel on an fp8 pool at small and middle batches (kv 2048), timed in CUDA
+    graphs: per split count at the runtime's launch (the table the split model is fitted to,
+    printed as a dict), and 64-key tiles at 1 and 2 splits."""
+    from weft.kernels import decode_attention, decode_num_kv_splits
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    kv_len = 2048
+    print(f"\ndecode, fp8 e4m3 pool, kv {kv_len}, 32 q / 8 kv heads, in CUDA graphs")
+    table: dict[int, dict[int, float]] = {}
+    for bsz in (1, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512):
+        args = decode_setup(bsz, kv_len)
+        for name in ("k_buffer", "v_buffer"):
+            args[name] = args[name].to(torch.float8_e4m3fn)
+        nbytes = decode_bytes(bsz, kv_len, kv_bytes=1)
+        pick = decode_num_kv_splits(bsz, 8, kv_len, sms, fp8=True)
+        table[bsz] = {
+            s: round(graph_ms([partial(decode_attention, **args, num_kv_splits=s)]) * 1e3, 1)
+            for s in (1, 2, 4, 8, 16, 32)
+        }
+        cells = [(table[bsz][s] / 1e3, s, 128, 3) for s in table[bsz]]
+        for splits in (1, 2):
+            ms = graph_ms([partial(decode_attention, **args, num_kv_splits=splits, block_n=64,
+                                   num_warps=4, num_stages=2)])  # fmt: skip
+            cells.append((ms, splits, 64, 2))
+        cells.sort()
+        best = ", ".join(f"{ms * 1e3:.1f} us = {nbytes / ms / 1e6 / ceiling:.0%} (splits {s}, "
+                         f"block_n {bn}, stages {st})" for ms, s, bn, st in cells[:3])  # fmt: skip
+        picked = table[bsz][pick] / 1e3
+        print(f"  B={bsz:<3} picked {pick} splits {picked * 1e3:7.1f} us = "
+              f"{nbytes / picked / 1e6 / ceiling:.0%} | best: {best}")  # fmt: skip
+    print("per split count, the runtime's launch (us):")
+    for bsz, times in table.items():
+        print(f"    {bsz}: {times},")

@@ -82,7 +82,8 @@ class TritonAttentionBackend(AttentionBackend):
         split's length follows its request's at run time), so one graph serves every length, and
         eager steps use the kernel variants that graph capture compiled (NOTE: a split count met
         first mid-run costs a Triton compile, ~1 s, inside that step)."""
-        return decode_num_kv_splits(batch_size, self.pool.num_kv_heads, self._context, self.num_sms)
+        return decode_num_kv_splits(batch_size, self.pool.num_kv_heads, self._context,
+                                    self.num_sms, fp8=self.pool.k[0].dtype == FP8_KV)  # fmt: skip
 
     def prepare_graph(self, batch: ForwardBatch, shared: bool = False) -> None:
         self.decode = True
