@@ -67,8 +67,8 @@ def micro(args: argparse.Namespace) -> None:
     from weft.kernels.prefetch import l2_prefetch
 
     dev = torch.device("cuda")
-    bw = copy_bandwidth() / 2  # read speed: a copy moves each byte twice
-    print(f"copy: {2 * bw / 1e12:.2f} TB/s read+write; L2 {torch.cuda.get_device_properties(0).L2_cache_size >> 20} MiB")  # fmt: skip
+    bw = copy_bandwidth()  # bytes read + written per second: the rooflines' read speed
+    print(f"copy: {bw / 1e12:.2f} TB/s read+write; L2 {torch.cuda.get_device_properties(0).L2_cache_size >> 20} MiB")  # fmt: skip
     cycles = sleep_cycles_per_us()
     print(f"_sleep: {cycles:.0f} cycles per us")
     flush = torch.empty(64 << 20, dtype=torch.float32, device=dev)  # read: leaves clean lines
