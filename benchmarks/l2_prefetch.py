@@ -119,9 +119,8 @@ def micro(args: argparse.Namespace) -> None:
 
 def steps(args: argparse.Namespace) -> None:
     os.environ["WEFT_L2_PREFETCH"] = "off"  # the runner's own graphs: none; each plan's below
-    from one_batch import make_reqs, pipelined, timed
+    from one_batch import decode_batch, pipelined, timed
 
-    from weft.runtime.batch import Batch, ForwardMode
     from weft.runtime.config import EngineConfig
     from weft.runtime.cuda_graph import GraphRunner
     from weft.runtime.loader import read_hf_config
@@ -164,11 +163,7 @@ def steps(args: argparse.Namespace) -> None:
         graphs.capture()
         runner.graphs = graphs
         for b in args.batches:
-            reqs = make_reqs(runner, b, args.context, hf.vocab_size)
-            for r in reqs:
-                r.output_ids = [1]
-                r.kv_len = args.context
-            batch = Batch(ForwardMode.DECODE, reqs, [1] * b)
+            batch = decode_batch(runner, b, args.context, hf.vocab_size)
             t = timed(runner, batch, args.reps)
             t_pipe = pipelined(runner, batch, max(args.reps, 10))
             step_bytes = weight_bytes - embed_bytes + b * embed.shape[1] * embed.element_size()

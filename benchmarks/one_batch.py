@@ -49,6 +49,15 @@ def make_reqs(runner: ModelRunner, n: int, prompt_len: int, vocab: int) -> list[
     return reqs
 
 
+def decode_batch(runner: ModelRunner, n: int, context: int, vocab: int) -> Batch:
+    """A decode step of n requests, each with `context` tokens in its KV and one new token."""
+    reqs = make_reqs(runner, n, context, vocab)
+    for r in reqs:
+        r.output_ids = [1]
+        r.kv_len = context
+    return Batch(ForwardMode.DECODE, reqs, [1] * n)
+
+
 def timed(runner: ModelRunner, batch: Batch, reps: int) -> float:
     for _ in range(2):
         runner.forward(batch)
@@ -133,11 +142,7 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
             }
         )
     for b in args.batches:
-        reqs = make_reqs(runner, b, args.context, hf.vocab_size)
-        for r in reqs:
-            r.output_ids = [1]
-            r.kv_len = args.context
-        batch = Batch(ForwardMode.DECODE, reqs, [1] * b)
+        batch = decode_batch(runner, b, args.context, hf.vocab_size)
         t = timed(runner, batch, args.reps)
         t_pipe = pipelined(runner, batch, max(args.reps, 10))
         step_bytes = weight_bytes - embed_bytes + b * row_bytes

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 from bench_utils import model_folder
-from one_batch import make_reqs
+from one_batch import decode_batch
 
 from weft.runtime.batch import Batch, ForwardMode
 from weft.runtime.config import EngineConfig
@@ -90,11 +90,7 @@ def profile_runner(args: argparse.Namespace) -> None:
     )
     runner = ModelRunner(config, folder, hf, config.context_length or ctx)
     for b in args.batches:
-        reqs = make_reqs(runner, b, args.context, hf.vocab_size)
-        for r in reqs:
-            r.output_ids = [1]
-            r.kv_len = args.context
-        batch = Batch(ForwardMode.DECODE, reqs, [1] * b)
+        batch = decode_batch(runner, b, args.context, hf.vocab_size)
         for _ in range(3):
             runner.forward(batch)
         phases: dict[str, list[float]] = {"batch tensors": [], "model": [], "logits+sample": []}

@@ -19,46 +19,37 @@ PER_PROGRAM = 32  # one warp: one prefetch per thread
 DEFAULT_CHUNK = 16384
 
 
+# One bulk prefetch per thread ($1: address, $2: bytes; none when $2 <= 0); $0 is a dummy result.
+# The first marks the lines evict-last (the GEMM reads them once, soon), the second as usual.
+PREFETCH_EVICT_LAST = """{
+    .reg .pred p;
+    .reg .b64 pol;
+    setp.gt.s32 p, $2, 0;
+    createpolicy.fractional.L2::evict_last.b64 pol, 1.0;
+    @p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol;
+    mov.b32 $0, 0;
+}"""
+PREFETCH_NORMAL = """{
+    .reg .pred p;
+    setp.gt.s32 p, $2, 0;
+    @p cp.async.bulk.prefetch.L2.global [$1], $2;
+    mov.b32 $0, 0;
+}"""
+
+
 @triton.jit
 def _l2_prefetch_kernel(  # type: ignore[no-untyped-def]
     Base,  # *u8
     nbytes,  # a multiple of 16
     CHUNK: tl.constexpr,
     PER_PROGRAM: tl.constexpr,
-    EVICT_LAST: tl.constexpr,  # mark the lines last to evict (the GEMM reads them once, soon)
+    ASM: tl.constexpr,  # PREFETCH_EVICT_LAST or PREFETCH_NORMAL
 ):
     offs = (tl.program_id(0) * PER_PROGRAM + tl.arange(0, PER_PROGRAM)).to(tl.int64) * CHUNK
     size = tl.maximum(tl.minimum(nbytes - offs, CHUNK), 0).to(tl.int32)
-    if EVICT_LAST:
-        tl.inline_asm_elementwise(
-            """{
-            .reg .pred p;
-            .reg .b64 pol;
-            setp.gt.s32 p, $2, 0;
-            createpolicy.fractional.L2::evict_last.b64 pol, 1.0;
-            @p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol;
-            mov.b32 $0, 0;
-            }""",
-            "=r,l,r",
-            [Base + offs, size],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-    else:
-        tl.inline_asm_elementwise(
-            """{
-            .reg .pred p;
-            setp.gt.s32 p, $2, 0;
-            @p cp.async.bulk.prefetch.L2.global [$1], $2;
-            mov.b32 $0, 0;
-            }""",
-            "=r,l,r",
-            [Base + offs, size],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
+    tl.inline_asm_elementwise(
+        ASM, "=r,l,r", [Base + offs, size], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 def supports_l2_prefetch(device: torch.device) -> bool:
@@ -94,5 +85,5 @@ def l2_prefetch(
     grid = (triton.cdiv(nbytes, chunk * PER_PROGRAM),)
     _l2_prefetch_kernel[grid](
         t.view(-1).view(torch.uint8), nbytes, CHUNK=chunk, PER_PROGRAM=PER_PROGRAM,
-        EVICT_LAST=evict_last, num_warps=1,
+        ASM=PREFETCH_EVICT_LAST if evict_last else PREFETCH_NORMAL, num_warps=1,
     )  # fmt: skip
