@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from .kv_indices import kv_page_indices
     from .kv_store import store_kv
     from .norm import fused_add_rmsnorm, rmsnorm
-    from .prefetch import l2_prefetch, supports_l2_prefetch
     from .rotary import cos_sin_cache, rotary_embedding
     from .shared_prefix import SharedPrefix
 
@@ -38,12 +37,10 @@ _EXPORTS = {
     "extend_work": "extend",
     "fused_add_rmsnorm": "norm",
     "kv_page_indices": "kv_indices",
-    "l2_prefetch": "prefetch",
     "rmsnorm": "norm",
     "rotary_embedding": "rotary",
     "silu_and_mul": "activation",
     "store_kv": "kv_store",
-    "supports_l2_prefetch": "prefetch",
 }
 
 __all__ = [
@@ -60,12 +57,10 @@ __all__ = [
     "extend_work",
     "fused_add_rmsnorm",
     "kv_page_indices",
-    "l2_prefetch",
     "rmsnorm",
     "rotary_embedding",
     "silu_and_mul",
     "store_kv",
-    "supports_l2_prefetch",
 ]
 
 

@@ -4,7 +4,6 @@ buffers, pad each real batch to the next captured size, and replay."""
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
 from typing import Any
 
@@ -13,7 +12,6 @@ import torch
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch, ForwardMode
 from weft.runtime.graph_blas import blas_library, choose, mode_from_env, projection_timer
-from weft.runtime.models.prefetch import WeightPrefetcher, plan_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -22,21 +20,6 @@ def capture_sizes(max_batch: int) -> list[int]:
     sizes = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256]
     sizes += list(range(288, max_batch + 1, 32))
     return [s for s in sizes if s <= max_batch] or [1]
-
-
-def attach_prefetcher(model: Any, device: torch.device) -> WeightPrefetcher | None:
-    """The model's weight prefetcher for small decode graphs (WEFT_L2_PREFETCH), where the model
-    has prefetch points and the GPU the bulk prefetch (sm_90+); None otherwise."""
-    from weft.kernels.prefetch import supports_l2_prefetch
-
-    plan = plan_from_env()
-    if plan is None or not hasattr(model, "enable_prefetch"):
-        return None
-    if not supports_l2_prefetch(device):
-        logger.info("L2 weight prefetch off: %s has no bulk prefetch (sm_90+)", device)
-        return None
-    prefetcher: WeightPrefetcher = model.enable_prefetch(plan)
-    return prefetcher
 
 
 class GraphRunner:
@@ -73,7 +56,6 @@ class GraphRunner:
         self.pool: Any = None
         self.blas_mode = mode_from_env()
         self.blas: dict[int, str] = {}  # the cuBLAS path each size's graph was captured with
-        self.prefetcher = attach_prefetcher(model, device)
 
     def static_batch(self, bs: int) -> ForwardBatch:
         return ForwardBatch(
@@ -109,15 +91,11 @@ class GraphRunner:
     def _capture(self, bs: int, shared: bool, stream: torch.cuda.Stream) -> None:
         fb = self.static_batch(bs)
         self.attn.prepare_graph(fb, shared)
-        prefetch = self.prefetcher
-        with (
-            prefetch.active(bs <= prefetch.plan.max_batch) if prefetch else contextlib.nullcontext()
-        ):
-            for _ in range(2):  # compile kernels, settle allocations
-                self.hidden[:bs] = self.model(fb, self.attn)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                self.hidden[:bs] = self.model(fb, self.attn)
+        for _ in range(2):  # compile kernels, settle allocations
+            self.hidden[:bs] = self.model(fb, self.attn)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            self.hidden[:bs] = self.model(fb, self.attn)
         if self.pool is None:
             self.pool = graph.pool()
         self.graphs[bs, shared] = graph

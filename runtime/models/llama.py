@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -19,12 +18,7 @@ from weft.runtime.models.parallel import (
     even_split,
     head_shard,
 )
-from weft.runtime.models.prefetch import PrefetchPlan, WeightPrefetcher
 from weft.runtime.models.weights import Placement, Weight, checkpoint_names, load_weights
-
-
-def _no_prefetch(point: str) -> None:
-    """A layer's prefetch point while no WeightPrefetcher is attached."""
 
 
 class LlamaAttention(nn.Module):
@@ -52,12 +46,10 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(self.head_dim, max_positions, rope_parameters(config))
         self.sliding_window = sliding_window_of(config)
-        self.prefetch_point: Callable[[str], None] = _no_prefetch
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         # x: [T, hidden]
         qkv = self.qkv_proj(x)
-        self.prefetch_point("qkv")
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -70,7 +62,6 @@ class LlamaAttention(nn.Module):
         out = attn.forward(
             q, k, v, self.layer, batch, self.scale, self.sliding_window, kv_stored=bool(target)
         )
-        self.prefetch_point("attn")
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 
 
@@ -86,14 +77,9 @@ class LlamaMLP(nn.Module):
         self.act: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.inter, bias=False)
         self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=False)
-        self.prefetch_point: Callable[[str], None] = _no_prefetch
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.gate_up_proj(x)
-        self.prefetch_point("gate_up")
-        x = self.down_proj(self.act(x))
-        self.prefetch_point("down")
-        return self.tp.all_reduce(x)
+        return self.tp.all_reduce(self.down_proj(self.act(self.gate_up_proj(x))))
 
     def use_kernels(self) -> None:
         from weft.kernels import silu_and_mul as silu_and_mul_kernel
@@ -147,7 +133,6 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.prefetcher: WeightPrefetcher | None = None
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Hidden states after the final norm: [T, hidden]."""
@@ -155,8 +140,6 @@ class LlamaForCausalLM(nn.Module):
         residual: torch.Tensor | None = None
         for layer in self.layers:
             x, residual = layer(x, residual, batch, attn)
-        if self.prefetcher is not None:
-            self.prefetcher.join()
         if residual is None:  # no layers
             return self.norm(x)
         return self.norm.add_forward(x, residual)[0]
@@ -167,22 +150,6 @@ class LlamaForCausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, (RMSNorm, RotaryEmbedding, LlamaMLP)):
                 module.use_kernels()
-
-    def enable_prefetch(self, plan: PrefetchPlan) -> WeightPrefetcher:
-        """Attach a WeightPrefetcher for `plan` (CUDA, sm_90+): each layer calls it at its points;
-        it prefetches only inside the prefetcher's `active()`."""
-        layers = []
-        for layer in self.layers:
-            assert isinstance(layer, LlamaDecoderLayer)
-            a, m = layer.self_attn, layer.mlp
-            layers.append({"qkv": a.qkv_proj.weight, "o_proj": a.o_proj.weight,
-                           "gate_up": m.gate_up_proj.weight, "down": m.down_proj.weight})  # fmt: skip
-        self.prefetcher = WeightPrefetcher(plan, layers)
-        for i, layer in enumerate(self.layers):
-            assert isinstance(layer, LlamaDecoderLayer)
-            point = functools.partial(self.prefetcher.at, i)
-            layer.self_attn.prefetch_point = layer.mlp.prefetch_point = point
-        return self.prefetcher
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, hidden] -> [N, V] in the model's dtype (gathered from every rank's vocab rows)

@@ -311,27 +311,3 @@ def test_bandwidth_report(capsys: pytest.CaptureFixture[str]) -> None:
     with capsys.disabled():  # shown without -s
         print("\n" + "\n".join(lines))
     assert decode_gbps > 0 and norm_gbps > 0
-
-
-@pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
-    reason="the bulk L2 prefetch needs sm_90+",
-)
-@pytest.mark.parametrize("nbytes", [None, 0, 16, 4096 + 48, 3 * 16384 * 32 + 16384 + 1000])
-def test_l2_prefetch_runs_and_leaves_data(nbytes: int | None) -> None:
-    """The prefetch is a hint: it launches at any size (clipped to 16-byte multiples), in eager
-    mode and inside a CUDA graph, and the tensor's bytes stay what they were."""
-    w = torch.randn(2048, 1024, dtype=torch.bfloat16, device="cuda")
-    before = w.clone()
-    for chunk, evict_last in ((16384, True), (4096, False)):
-        wk.l2_prefetch(w, nbytes, chunk=chunk, evict_last=evict_last)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            wk.l2_prefetch(w, nbytes, chunk=chunk, evict_last=evict_last)
-        graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(w, before)
-    with pytest.raises(ValueError, match="nbytes"):
-        wk.l2_prefetch(w, w.numel() * 2 + 16)
-    with pytest.raises(ValueError, match="contiguous"):
-        wk.l2_prefetch(w.t())
