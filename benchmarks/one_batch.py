@@ -100,6 +100,13 @@ def pipelined(runner: ModelRunner, batch: Batch, reps: int) -> float:
     return statistics.median(times)
 
 
+def _gemv_picks(runner: ModelRunner) -> str:
+    """Per projection shape, the decode sizes whose graphs run the skinny GEMV and its launch."""
+    assert runner.graphs is not None
+    return str({shape: {n: tuple(vars(launch).values()) for n, launch in sizes.items()}
+                for shape, sizes in runner.graphs.gemv.items()})  # fmt: skip
+
+
 def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> list[dict[str, Any]]:
     folder = Path(args.config)
     hf = read_hf_config(folder)
@@ -119,6 +126,7 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
     runner = ModelRunner(config, folder, hf, config.context_length or ctx)
     if runner.graphs is not None:
         print(f"{backend}: each graph's cuBLAS path {runner.graphs.blas}")
+        print(f"{backend}: skinny GEMV per (out, in, gated) projection {_gemv_picks(runner)}")
     weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     # a decode step reads only its batch's rows of the input embedding (unless lm_head shares it)
     model: Any = runner.model
@@ -141,23 +149,30 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
                 "TFLOP/s": flops / t / 1e12,
             }
         )
-    for b in args.batches:
-        batch = decode_batch(runner, b, args.context, hf.vocab_size)
-        t = timed(runner, batch, args.reps)
-        t_pipe = pipelined(runner, batch, max(args.reps, 10))
-        step_bytes = weight_bytes - embed_bytes + b * row_bytes
-        roof = (step_bytes + b * (args.context + 1) * kv_per_token) / bandwidth
-        rows.append(
-            {
-                "backend": backend,
-                "phase": f"decode B={b} ctx={args.context}",
-                "ms": t * 1e3,
-                "roofline_ms": roof * 1e3,
-                "x_roofline": t / roof,
-                "pipelined_ms": t_pipe * 1e3,
-                "x_roofline_pipelined": t_pipe / roof,
-            }
-        )
+    modes = args.gemv_modes if runner.graphs is not None and args.gemv_modes else [None]
+    for mode in modes:
+        if mode is not None:  # the same weights, graphs captured again with this WEFT_GEMV mode
+            assert runner.graphs is not None
+            runner.graphs.gemv_mode = mode
+            runner.graphs.capture()
+            print(f"{backend}: WEFT_GEMV={mode}: {_gemv_picks(runner)}")
+        for b in args.batches:
+            batch = decode_batch(runner, b, args.context, hf.vocab_size)
+            t = timed(runner, batch, args.reps)
+            t_pipe = pipelined(runner, batch, max(args.reps, 10))
+            step_bytes = weight_bytes - embed_bytes + b * row_bytes
+            roof = (step_bytes + b * (args.context + 1) * kv_per_token) / bandwidth
+            rows.append(
+                {
+                    "backend": backend + ("" if mode is None else f" gemv={mode}"),
+                    "phase": f"decode B={b} ctx={args.context}",
+                    "ms": t * 1e3,
+                    "roofline_ms": roof * 1e3,
+                    "x_roofline": t / roof,
+                    "pipelined_ms": t_pipe * 1e3,
+                    "x_roofline_pipelined": t_pipe / roof,
+                }
+            )
     del runner
     torch.cuda.empty_cache()
     return rows
@@ -178,16 +193,23 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--output-file", default=None)
+    ap.add_argument(
+        "--gemv-modes",
+        nargs="+",
+        choices=["auto", "on", "off"],
+        help="decode steps again per WEFT_GEMV mode, graphs captured anew on the same weights",
+    )
     args = ap.parse_args()
     bandwidth = copy_bandwidth()
     print(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s (read + write)")
     rows: list[dict[str, Any]] = []
     for backend in args.backends:
+        before = len(rows)
         try:
             rows += run_backend(args, backend, bandwidth)
         except Exception as e:  # report and go on with the other backends
             rows.append({"backend": backend, "error": f"{type(e).__name__}: {e}"})
-        for row in rows[-8:]:
+        for row in rows[before:]:
             print(
                 json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
             )

@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._check import FP8_KV, FP8_MAX
+    from ._check import FP8_KV, FP8_MAX, supports_pdl
     from .activation import silu_and_mul
     from .argmax import argmax_rows
     from .bitmask import apply_token_bitmask
@@ -22,10 +22,12 @@ if TYPE_CHECKING:
     from .norm import fused_add_rmsnorm, rmsnorm
     from .rotary import cos_sin_cache, rotary_embedding
     from .shared_prefix import SharedPrefix
+    from .skinny import GemvLaunch, gemv
 
 _EXPORTS = {
     "FP8_KV": "_check",
     "FP8_MAX": "_check",
+    "GemvLaunch": "skinny",
     "SharedPrefix": "shared_prefix",
     "apply_token_bitmask": "bitmask",
     "argmax_rows": "argmax",
@@ -36,16 +38,19 @@ _EXPORTS = {
     "extend_block_tokens": "extend",
     "extend_work": "extend",
     "fused_add_rmsnorm": "norm",
+    "gemv": "skinny",
     "kv_page_indices": "kv_indices",
     "rmsnorm": "norm",
     "rotary_embedding": "rotary",
     "silu_and_mul": "activation",
     "store_kv": "kv_store",
+    "supports_pdl": "_check",
 }
 
 __all__ = [
     "FP8_KV",
     "FP8_MAX",
+    "GemvLaunch",
     "SharedPrefix",
     "apply_token_bitmask",
     "argmax_rows",
@@ -56,11 +61,13 @@ __all__ = [
     "extend_block_tokens",
     "extend_work",
     "fused_add_rmsnorm",
+    "gemv",
     "kv_page_indices",
     "rmsnorm",
     "rotary_embedding",
     "silu_and_mul",
     "store_kv",
+    "supports_pdl",
 ]
 
 

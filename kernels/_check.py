@@ -30,3 +30,9 @@ def check_tensor(
     assert t.numel() == 0 or t.shape[-1] == 1 or t.stride(-1) == 1, (
         f"{name}: the last dim must have unit stride, got strides {t.stride()}"
     )
+
+
+def supports_pdl(device: torch.device) -> bool:
+    """Whether kernels on `device` can launch as programmatic dependents (and prefetch to the L2
+    in bulk): a CUDA GPU of compute capability 9.0 or later."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)

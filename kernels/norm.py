@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._check import check_tensor
+from ._check import check_tensor, supports_pdl
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HIDDEN = 65536
@@ -25,7 +26,11 @@ def _rmsnorm_kernel(  # type: ignore[no-untyped-def]
     eps,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,  # launched as a programmatic dependent: the next kernel may launch now
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -52,6 +57,7 @@ def rmsnorm(
     weight: torch.Tensor,  # [N]
     eps: float,
     out: torch.Tensor | None = None,  # [T, N], x's dtype; may be x itself
+    pdl: bool = False,
 ) -> torch.Tensor:
     """out = weight * (x / sqrt(mean(x^2) + eps)), computed in float32; returns out."""
     tokens, hidden = x.shape
@@ -62,9 +68,10 @@ def rmsnorm(
     assert hidden <= MAX_HIDDEN, f"hidden size {hidden} > {MAX_HIDDEN} (one block per row)"
     if tokens:
         block = triton.next_power_of_2(hidden)
+        pdl = pdl and supports_pdl(x.device)
         _rmsnorm_kernel[(tokens,)](
             x, x, weight, out, x.stride(0), x.stride(0), out.stride(0), hidden, eps,
-            BLOCK=block, HAS_RESIDUAL=False, num_warps=_num_warps(block),
+            BLOCK=block, HAS_RESIDUAL=False, num_warps=_num_warps(block), PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip
     return out
 
@@ -74,6 +81,7 @@ def fused_add_rmsnorm(
     residual: torch.Tensor,  # [T, N] the residual stream; overwritten with x + residual
     weight: torch.Tensor,  # [N]
     eps: float,
+    pdl: bool = False,
 ) -> None:
     """In place: residual <- x + residual; x <- rmsnorm(residual) * weight.
 
@@ -89,7 +97,8 @@ def fused_add_rmsnorm(
     assert hidden <= MAX_HIDDEN, f"hidden size {hidden} > {MAX_HIDDEN} (one block per row)"
     if tokens:
         block = triton.next_power_of_2(hidden)
+        pdl = pdl and supports_pdl(x.device)
         _rmsnorm_kernel[(tokens,)](
             x, residual, weight, x, x.stride(0), residual.stride(0), x.stride(0), hidden, eps,
-            BLOCK=block, HAS_RESIDUAL=True, num_warps=_num_warps(block),
+            BLOCK=block, HAS_RESIDUAL=True, num_warps=_num_warps(block), PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip

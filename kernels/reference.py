@@ -97,6 +97,17 @@ def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
 
+def gemv_ref(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False
+) -> torch.Tensor:
+    # x: [M, K] (or [M, 2K] gate | up, with silu_mul: the activation rounded to x's dtype as
+    # silu_and_mul stores it); weight: [N, K] -> [M, N] float32
+    if silu_mul:
+        x = silu_and_mul_ref(x).to(x.dtype)
+    y = x.float() @ weight.float().T
+    return y if bias is None else y + bias.float()
+
+
 def rotary_embedding_ref(
     positions: torch.Tensor,  # [T]
     q: torch.Tensor,  # [T, H, D]

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from weft.runtime import skinny
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch, ForwardMode
 from weft.runtime.graph_blas import blas_library, choose, mode_from_env, projection_timer
@@ -56,6 +57,9 @@ class GraphRunner:
         self.pool: Any = None
         self.blas_mode = mode_from_env()
         self.blas: dict[int, str] = {}  # the cuBLAS path each size's graph was captured with
+        self.gemv_mode = skinny.mode_from_env()
+        # per projection shape, the sizes whose graphs run the skinny GEMV, and its launch
+        self.gemv: dict[skinny.Shape, dict[int, Any]] = {}
 
     def static_batch(self, bs: int) -> ForwardBatch:
         return ForwardBatch(
@@ -76,17 +80,56 @@ class GraphRunner:
             self.blas = choose(self.sizes, projection_timer(self.model, self.sizes[-1]))
         else:
             self.blas = dict.fromkeys(self.sizes, self.blas_mode)
+        self.gemv = skinny.choose(self.model, self.sizes, self.gemv_mode)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for bs in reversed(self.sizes):  # largest first: later graphs reuse its memory
-                for shared in reversed(self.attn.graph_variants()):
-                    with blas_library(self.blas[bs]):
-                        self._capture(bs, shared, stream)
+                self._capture_size(bs, stream)
+            if self.gemv_mode == "auto":
+                for bs in sorted({n for sizes in self.gemv.values() for n in sizes}):
+                    self._keep_faster(bs, stream)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        logger.info("captured CUDA graphs for decode batch sizes %s (cuBLASLt at %s)", self.sizes,
-                    [bs for bs, lib in self.blas.items() if lib == "cublaslt"])  # fmt: skip
+        logger.info("captured CUDA graphs for decode batch sizes %s (cuBLASLt at %s; the skinny "
+                    "GEMV at %s)", self.sizes, [bs for bs, lib in self.blas.items()
+                                                if lib == "cublaslt"], self.gemv)  # fmt: skip
+
+    def _capture_size(self, bs: int, stream: torch.cuda.Stream) -> None:
+        for shared in reversed(self.attn.graph_variants()):
+            with blas_library(self.blas[bs]):
+                self._capture(bs, shared, stream)
+
+    def _keep_faster(self, bs: int, stream: torch.cuda.Stream) -> None:
+        """Capture size bs again with cuBLAS in place of the skinny GEMV and keep whichever
+        step replays faster: the whole step decides (the GEMV folds SiLU-and-mul into the down
+        projection and may launch early, which no per-projection timing sees)."""
+        with_gemv = {key: g for key, g in self.graphs.items() if key[0] == bs}
+        gemv_us = self._replay_us(bs)
+        dropped = skinny.drop_size(self.model, bs)
+        self._capture_size(bs, stream)
+        if gemv_us < self._replay_us(bs):
+            self.graphs.update(with_gemv)
+            skinny.restore_size(dropped, bs)
+        else:
+            for sizes in self.gemv.values():
+                sizes.pop(bs, None)
+
+    def _replay_us(self, bs: int, reps: int = 7) -> float:
+        """Median microseconds of a replay of size bs's graph (its capture-time inputs: padded
+        rows, whose attention reads nothing and whose K/V go to the reserved slot)."""
+        graph = self.graphs[bs, False]
+        graph.replay()
+        times = []
+        for _ in range(reps):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        return sorted(times)[reps // 2]
 
     def _capture(self, bs: int, shared: bool, stream: torch.cuda.Stream) -> None:
         fb = self.static_batch(bs)

@@ -1,15 +1,67 @@
-"""Building blocks shared by our models: RMSNorm, rotary embedding (incl. Llama 3.1 scaling), SiLU-and-mul."""
+"""Building blocks shared by our models: projections, RMSNorm, rotary embedding (incl. Llama 3.1
+scaling), SiLU-and-mul."""
 
 from __future__ import annotations
 
 import math
+import os
 import weakref
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def pdl_from_env() -> bool:
+    """WEFT_PDL: on (the default) or off. On, weft's GEMV and RMSNorm kernels launch as
+    programmatic dependents where the GPU supports it (compute capability 9.0+): each may launch
+    while the kernel before it finishes, and waits for it before it touches any activation."""
+    value = os.environ.get("WEFT_PDL", "on")
+    if value not in ("on", "off"):
+        raise ValueError(f"WEFT_PDL must be on or off, got {value!r}")
+    return value == "on"
+
+
+class Projection(nn.Linear):
+    """nn.Linear whose batches of the sizes in `gemv_launches` run weft's skinny GEMV (CUDA) with
+    that size's launch: a few rows read the weight once near copy speed, where cuBLAS falls
+    short. runtime/skinny.py times which sizes gain, per weight shape, before the decode graphs
+    are captured; empty: always cuBLAS. `gated`: the model calls it through forward_gated (a
+    gated MLP's down projection)."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, gated: bool = False
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.gated = gated
+        self.gemv_launches: dict[int, Any] = {}  # batch rows -> weft.kernels.GemvLaunch
+        self.pdl = False  # the GEMV launches as a programmatic dependent (use_kernels)
+
+    def use_kernels(self) -> None:
+        self.pdl = pdl_from_env()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        launch = self.gemv_launches.get(x.shape[0])
+        if launch is not None:
+            from weft.kernels import gemv
+
+            return gemv(x, self.weight, self.bias, launch=launch, pdl=self.pdl)
+        return F.linear(x, self.weight, self.bias)
+
+    def forward_gated(
+        self, gate_up: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """self(act(gate_up)) for act = SiLU-and-mul; where the GEMV runs, the activation is
+        computed inside it (as silu_and_mul's kernel rounds it), saving its launch."""
+        launch = self.gemv_launches.get(gate_up.shape[0])
+        if launch is not None:
+            from weft.kernels import gemv
+
+            return gemv(gate_up, self.weight, self.bias, silu_mul=True, launch=launch, pdl=self.pdl)
+        return F.linear(act(gate_up), self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -24,7 +76,8 @@ class RMSNorm(nn.Module):
     def use_kernels(self) -> None:
         from weft.kernels import fused_add_rmsnorm, rmsnorm
 
-        self._kernels = (rmsnorm, fused_add_rmsnorm)
+        pdl = pdl_from_env()
+        self._kernels = (partial(rmsnorm, pdl=pdl), partial(fused_add_rmsnorm, pdl=pdl))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._kernels is not None:

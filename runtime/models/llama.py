@@ -10,7 +10,13 @@ from torch import nn
 
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch
-from weft.runtime.models.layers import RMSNorm, RotaryEmbedding, rope_parameters, silu_and_mul
+from weft.runtime.models.layers import (
+    Projection,
+    RMSNorm,
+    RotaryEmbedding,
+    rope_parameters,
+    silu_and_mul,
+)
 from weft.runtime.models.parallel import (
     ParallelLMHead,
     TPInfo,
@@ -38,8 +44,8 @@ class LlamaAttention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
         bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Projection(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = Projection(self.q_size, config.hidden_size)
         self.qk_norm = config.model_type == "qwen3"
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -75,11 +81,11 @@ class LlamaMLP(nn.Module):
         self.tp = tp
         self.start, self.inter = even_split(config.intermediate_size, tp.size, tp.rank)
         self.act: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.inter, bias=False)
-        self.down_proj = nn.Linear(self.inter, config.hidden_size, bias=False)
+        self.gate_up_proj = Projection(config.hidden_size, 2 * self.inter)
+        self.down_proj = Projection(self.inter, config.hidden_size, gated=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(self.act(self.gate_up_proj(x))))
+        return self.tp.all_reduce(self.down_proj.forward_gated(self.gate_up_proj(x), self.act))
 
     def use_kernels(self) -> None:
         from weft.kernels import silu_and_mul as silu_and_mul_kernel
@@ -146,9 +152,10 @@ class LlamaForCausalLM(nn.Module):
 
     def use_kernels(self) -> None:
         """Run RMSNorm (+ residual add), rotary embedding and SiLU-and-mul as weft's Triton
-        kernels (CUDA; on CPU only under TRITON_INTERPRET=1, for tests)."""
+        kernels (CUDA; on CPU only under TRITON_INTERPRET=1, for tests), the projections' GEMV
+        (where the decode graphs choose it) as a programmatic dependent."""
         for module in self.modules():
-            if isinstance(module, (RMSNorm, RotaryEmbedding, LlamaMLP)):
+            if isinstance(module, (RMSNorm, RotaryEmbedding, LlamaMLP, Projection)):
                 module.use_kernels()
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -17,13 +17,26 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 @pytest.mark.parametrize(
-    "backend, blas", [("triton", "auto"), ("triton", "cublaslt"), ("flashinfer", "auto")]
+    "backend, blas, gemv, pdl, b",
+    [
+        ("triton", "auto", "auto", "on", 5),
+        ("triton", "cublaslt", "off", "on", 5),
+        ("flashinfer", "auto", "off", "on", 5),
+        ("flashinfer", "auto", "on", "on", 4),
+        ("triton", "auto", "on", "on", 3),
+        ("triton", "cublas", "on", "off", 1),
+        ("triton", "auto", "auto", "on", 1),
+    ],
 )
 def test_graph_replay_equals_eager_decode(
-    backend: str, blas: str, monkeypatch: pytest.MonkeyPatch
+    backend: str, blas: str, gemv: str, pdl: str, b: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """(With every graph's GEMMs on cuBLASLt too, and on the path measured faster per size.)"""
+    """(With every graph's GEMMs on cuBLASLt too, and on the path measured faster per size; with
+    the skinny GEMV in the graphs of up to 16 rows, its launches and the RMSNorms' programmatic
+    dependents or not, or where the step replays faster with it.)"""
     monkeypatch.setenv("WEFT_GRAPH_BLAS", blas)
+    monkeypatch.setenv("WEFT_GEMV", gemv)
+    monkeypatch.setenv("WEFT_PDL", pdl)
     if backend == "flashinfer":
         pytest.importorskip("flashinfer")
     config = transformers.LlamaConfig(
@@ -33,9 +46,10 @@ def test_graph_replay_equals_eager_decode(
     )  # fmt: skip
     model = build_model(config, 2048, torch.device("cuda"), torch.bfloat16)
     init_dummy_weights(model, seed=0, std=0.05)
+    model.use_kernels()  # as the runner does on CUDA: Triton norms, rotary, SiLU-and-mul
     pool = KVPool(16 * 1024, 2, 2, 128, torch.bfloat16, "cuda")
     table = ReqToTokenPool(8, 2048, "cuda")
-    lens = [100, 7, 300, 64, 1]
+    lens = [100, 7, 300, 64, 1][:b]
     for row, n in enumerate(lens):
         table.table[row, : n + 1] = torch.arange(16 + row * 1024, 16 + row * 1024 + n + 1)
     for layer in range(2):  # some KV for the prefix
@@ -46,7 +60,10 @@ def test_graph_replay_equals_eager_decode(
     graphs.capture()
     assert set(graphs.blas) == set(graphs.sizes)
     assert blas == "auto" or set(graphs.blas.values()) == {blas}
-    b = len(lens)
+    if gemv == "on":  # every projection shape, at every captured size the GEMV serves
+        assert len(graphs.gemv) == 4 and all(list(s) == [1, 2, 4, 8] for s in graphs.gemv.values())
+    if gemv == "off":
+        assert not any(graphs.gemv.values())
     fb = ForwardBatch(
         mode=ForwardMode.DECODE,
         input_ids=torch.randint(0, 1024, (b,), device="cuda"),

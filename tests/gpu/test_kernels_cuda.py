@@ -247,6 +247,60 @@ def test_silu_and_mul() -> None:
     assert_close(wk.silu_and_mul(gate_up, out=out), ref.silu_and_mul_ref(gate_up), 1e-2)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize(
+    "n, k, silu_mul, bias",
+    [(6144, 4096, False, True), (4096, 14336, True, False), (1000, 72, False, False)],
+)
+def test_gemv_at_the_projection_shapes(
+    rows: int, n: int, k: int, silu_mul: bool, bias: bool
+) -> None:
+    """The skinny projection in bfloat16 (the interpreter's bf16 dots are wrong)."""
+    x = torch.randn(rows, (2 if silu_mul else 1) * k, dtype=torch.bfloat16, device=DEV)
+    weight = (torch.randn(n, k, device=DEV) / k**0.5).to(torch.bfloat16)
+    b = torch.randn(n, dtype=torch.bfloat16, device=DEV) if bias else None
+    launches = (wk.GemvLaunch(), wk.GemvLaunch(64, 128, 4, 4, 4), wk.GemvLaunch(128, 64, 2, 8, 3))
+    for launch in launches:
+        out = torch.full((rows, n), float("nan"), dtype=torch.bfloat16, device=DEV)
+        wk.gemv(x, weight, b, silu_mul=silu_mul, out=out, launch=launch)
+        assert_close(out, ref.gemv_ref(x, weight, b, silu_mul), 1e-2)
+
+
+def test_programmatic_dependents_in_a_graph_match_plain_launches() -> None:
+    """RMSNorm -> GEMV -> GEMV (SiLU folded) -> RMSNorm, three times over, as programmatic
+    dependents in one CUDA graph: every launch may start while the one before finishes, so a
+    missing wait would read a stale input. The outputs equal the plain launches' bit for bit."""
+    if not wk.supports_pdl(torch.device(DEV)):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0+")
+    hidden, inter = 1024, 3584
+    norm_w = torch.randn(hidden, dtype=torch.bfloat16, device=DEV)
+    ws = [((torch.randn(2 * inter, hidden, device=DEV) / hidden**0.5).to(torch.bfloat16),
+           (torch.randn(hidden, inter, device=DEV) / inter**0.5).to(torch.bfloat16))
+          for _ in range(3)]  # fmt: skip
+    x0 = torch.randn(2, hidden, dtype=torch.bfloat16, device=DEV)
+    launch = wk.GemvLaunch(64, 128, 2, 4, 4)
+
+    def chain(pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        x, res = x0.clone(), torch.zeros_like(x0)
+        for up, down in ws:
+            wk.fused_add_rmsnorm(x, res, norm_w, 1e-5, pdl=pdl)
+            h = wk.gemv(x, up, launch=launch, pdl=pdl)
+            x = wk.gemv(h, down, silu_mul=True, launch=launch, pdl=pdl)
+        wk.fused_add_rmsnorm(x, res, norm_w, 1e-5, pdl=pdl)
+        return x, res
+
+    want = chain(False)
+    for pdl in (False, True):
+        chain(pdl)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = chain(pdl)
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), pdl
+
+
 @pytest.mark.parametrize("neox", [True, False])
 def test_rotary_llama31(neox: bool) -> None:
     from weft.runtime.models.layers import rope_inv_freq

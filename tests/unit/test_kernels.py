@@ -32,6 +32,7 @@ MODULES = (
     "bitmask",
     "decode",
     "extend",
+    "skinny",
     "kv_indices",
     "kv_store",
     "norm",

@@ -1,5 +1,6 @@
-"""The model with weft's Triton kernels (RMSNorm + residual, rotary, SiLU-and-mul) wired in gives the
-logits of its torch-op path: run on CPU under TRITON_INTERPRET=1 in a child process."""
+"""The model with weft's Triton kernels (RMSNorm + residual, rotary, SiLU-and-mul, the skinny GEMV
+projections) wired in gives the logits of its torch-op path: run on CPU under TRITON_INTERPRET=1 in
+a child process."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ import torch, transformers
 from test_kernels import _patch_old_interpreter
 from tp_worker import prefill_logits
 from weft.runtime.attention import triton_backend
+from weft.kernels import skinny
 from weft.runtime.models import build_model, init_dummy_weights
+from weft.runtime.models.layers import Projection
 
 _patch_old_interpreter()
 torch.set_num_threads(1)
@@ -53,6 +56,21 @@ for name, cfg in cases.items():
     triton_backend.store_kv = real_store
     out[name + "+triton"] = {"max_abs": (got - ref).abs().max().item(),
                              "scale": ref.abs().max().item(), "store_kv_calls": len(stores)}
+    # three tokens: every projection through the GEMV (down with SiLU-and-mul inside it)
+    ref = prefill_logits(model, config, ids[:3])
+    calls = []
+    real_gemv = skinny.gemv
+    skinny.gemv = lambda *a, **k: calls.append(k.get("silu_mul", False)) or real_gemv(*a, **k)
+    projections = [m for m in model.modules() if isinstance(m, Projection)]
+    for m in projections:
+        m.gemv_launches = {3: skinny.GemvLaunch(16, 16, 2, 4, 2)}
+    got = prefill_logits(model, config, ids[:3])
+    for m in projections:
+        m.gemv_launches = {}
+    skinny.gemv = real_gemv
+    out[name + "+gemv"] = {"max_abs": (got - ref).abs().max().item(),
+                           "scale": ref.abs().max().item(), "gemv_calls": len(calls),
+                           "gated_calls": sum(calls), "projections": len(projections)}
 print("RESULT " + json.dumps(out))
 """
 
@@ -70,11 +88,16 @@ def diffs() -> dict[str, dict[str, float]]:
     return result
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "llama+triton", "qwen3+triton"])
+@pytest.mark.parametrize(
+    "kind", ["llama", "qwen3", "llama+triton", "qwen3+triton", "llama+gemv", "qwen3+gemv"]
+)
 def test_kernels_give_the_torch_logits(kind: str, diffs: dict[str, dict[str, float]]) -> None:
     """(+triton: the triton attention backend, into whose pool the rotary kernel stores k and v
     in its own launch.)"""
     d = diffs[kind]
     assert d.get("store_kv_calls", 0) == 0
+    if kind.endswith("+gemv"):  # each projection once, the down projections with the activation
+        assert d["gemv_calls"] == d["projections"] == 8, d
+        assert d["gated_calls"] == 2, d
     assert d["scale"] > 0.1  # the logits are not trivially zero
     assert d["max_abs"] < 1e-4 * d["scale"] + 1e-5, d

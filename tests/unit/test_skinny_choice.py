@@ -1,0 +1,69 @@
+"""runtime/skinny.py: the projections grouped by shape, WEFT_GEMV and WEFT_PDL checked, nothing
+chosen off CUDA, a size's launches dropped and restored."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from weft.runtime import skinny
+from weft.runtime.models import build_model
+
+
+def tiny_llama() -> torch.nn.Module:
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        architectures=["LlamaForCausalLM"],
+    )  # fmt: skip
+    return build_model(config, 64, torch.device("cpu"), torch.float32)
+
+
+def test_projections_are_grouped_by_shape_with_the_down_projection_gated() -> None:
+    groups = skinny.by_shape(tiny_llama())
+    # qkv: 32 -> 4 q heads + 2 x 2 kv heads of 8; o: 32 -> 32; gate/up: 32 -> 96; down: 48 -> 32
+    assert {k: len(v) for k, v in groups.items()} == {
+        (64, 32, False): 3, (32, 32, False): 3, (96, 32, False): 3, (32, 48, True): 3,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["auto", "on", "off"])
+def test_nothing_is_chosen_for_weights_off_cuda(mode: str) -> None:
+    model = tiny_llama()
+    picks = skinny.choose(model, [1, 2, 4, 8], mode)
+    assert len(picks) == 4 and not any(picks.values())
+    assert all(not m.gemv_launches for group in skinny.by_shape(model).values() for m in group)
+
+
+def test_weft_gemv_must_be_a_known_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEFT_GEMV", "always")
+    with pytest.raises(ValueError, match="WEFT_GEMV must be auto, on or off, got 'always'"):
+        skinny.mode_from_env()
+    monkeypatch.setenv("WEFT_GEMV", "off")
+    assert skinny.mode_from_env() == "off"
+
+
+def test_a_size_is_dropped_and_restored() -> None:
+    model = tiny_llama()
+    mods = [m for group in skinny.by_shape(model).values() for m in group]
+    for i, m in enumerate(mods):
+        m.gemv_launches = {1: ("launch", i), 2: ("launch", -i)}
+    dropped = skinny.drop_size(model, 1)
+    assert len(dropped) == len(mods) == 12
+    assert all(list(m.gemv_launches) == [2] for m in mods)
+    assert skinny.drop_size(model, 4) == []  # a size no projection serves
+    skinny.restore_size(dropped, 1)
+    assert all(m.gemv_launches == {1: ("launch", i), 2: ("launch", -i)} for i, m in enumerate(mods))
+
+
+def test_weft_pdl_must_be_on_or_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from weft.runtime.models.layers import pdl_from_env
+
+    monkeypatch.delenv("WEFT_PDL", raising=False)
+    assert pdl_from_env()  # on by default
+    monkeypatch.setenv("WEFT_PDL", "yes")
+    with pytest.raises(ValueError, match="WEFT_PDL must be on or off, got 'yes'"):
+        pdl_from_env()
+    monkeypatch.setenv("WEFT_PDL", "off")
+    assert not pdl_from_env()
