@@ -17,12 +17,13 @@ import argparse
 import json
 import os
 import socket
-import statistics
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from weft.runtime.cuda_graph import replay_us
 
 DEFAULT_NUMELS = [4096, 8192, 8192 * 8, 8192 * 32, 8192 * 64, 8192 * 128, 8192 * 256, 8192 * 512]
 
@@ -37,15 +38,7 @@ def _time_graph(fn: Any, x: torch.Tensor, ops: int, reps: int) -> float:
             y = x
             for _ in range(ops):
                 y = fn(y) * 0.5  # NOTE: keeps values bounded; the multiply is timed for both
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / ops)
-    return statistics.median(times)
+    return replay_us(graph, reps) / ops
 
 
 class OneShot:

@@ -12,7 +12,6 @@ own launch, as the model calls it; the GEMV's has SiLU-and-mul folded in.
 from __future__ import annotations
 
 import argparse
-import statistics
 from collections.abc import Callable
 
 import torch
@@ -22,6 +21,7 @@ from triton.runtime.errors import OutOfResources
 
 from weft.kernels import GemvLaunch, fused_add_rmsnorm, gemv, silu_and_mul
 from weft.kernels.reference import gemv_ref
+from weft.runtime.cuda_graph import replay_us
 
 # (name, out features, in features, silu_mul): Llama-3.1-8B's projections
 SHAPES = (
@@ -53,17 +53,9 @@ def graph_us(op: Callable[[torch.Tensor], object], weights: list[torch.Tensor], 
     with torch.cuda.graph(graph):
         for w in weights:
             op(w)
-    for _ in range(3):
+    for _ in range(2):
         graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(weights))
-    return statistics.median(times)
+    return replay_us(graph, reps) / len(weights)
 
 
 def _name(launch: GemvLaunch) -> str:

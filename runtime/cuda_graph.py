@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import statistics
 from typing import Any
 
 import torch
@@ -21,6 +22,22 @@ def capture_sizes(max_batch: int) -> list[int]:
     sizes = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256]
     sizes += list(range(288, max_batch + 1, 32))
     return [s for s in sizes if s <= max_batch] or [1]
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, reps: int) -> float:
+    """Median microseconds of `reps` replays of `graph` (after one more to warm up), each timed
+    with CUDA events."""
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
 
 
 class GraphRunner:
@@ -115,21 +132,10 @@ class GraphRunner:
             for sizes in self.gemv.values():
                 sizes.pop(bs, None)
 
-    def _replay_us(self, bs: int, reps: int = 7) -> float:
-        """Median microseconds of a replay of size bs's graph (its capture-time inputs: padded
-        rows, whose attention reads nothing and whose K/V go to the reserved slot)."""
-        graph = self.graphs[bs, False]
-        graph.replay()
-        times = []
-        for _ in range(reps):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        return sorted(times)[reps // 2]
+    def _replay_us(self, bs: int) -> float:
+        """Size bs's graph replayed as captured: padded rows, whose attention reads nothing and
+        whose K/V go to the reserved slot."""
+        return replay_us(self.graphs[bs, False], reps=7)
 
     def _capture(self, bs: int, shared: bool, stream: torch.cuda.Stream) -> None:
         fb = self.static_batch(bs)

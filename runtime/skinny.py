@@ -5,7 +5,6 @@ the faster step: runtime/cuda_graph.py)."""
 from __future__ import annotations
 
 import os
-import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -123,15 +122,6 @@ class _GraphTimer:
         with torch.cuda.graph(graph):
             for m in self.mods:
                 op(m, x)
-        graph.replay()
-        times = []
-        for _ in range(self.reps):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        del graph
-        return statistics.median(times)
+        from weft.runtime.cuda_graph import replay_us
+
+        return replay_us(graph, self.reps)
