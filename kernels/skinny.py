@@ -147,6 +147,12 @@ def _split_sum_kernel(  # type: ignore[no-untyped-def]
     tl.store(Out + offs, acc.to(Out.dtype.element_ty), mask=mask)
 
 
+def supports_gemv(device: torch.device) -> bool:
+    """Whether `gemv` compiles for `device`: its tl.dot needs tensor cores of compute capability
+    8.0+ on CUDA (elsewhere only the interpreter runs it, for tests)."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def gemv(
     x: torch.Tensor,  # [M, K], or [M, 2K] with silu_mul
     weight: torch.Tensor,  # [N, K], contiguous
@@ -174,6 +180,8 @@ def gemv(
     if width != (2 * k if silu_mul else k):
         raise ValueError(f"x has {width} columns; weight [{n}, {k}] wants "
                          f"{2 * k if silu_mul else k}{' (gate | up)' if silu_mul else ''}")  # fmt: skip
+    if not supports_gemv(weight.device):
+        raise ValueError(f"gemv needs a GPU of compute capability 8.0+, got {weight.device}")
     floats = (torch.float16, torch.bfloat16, torch.float32)
     check_tensor(weight, "weight", (n, k), floats)
     assert weight.is_contiguous(), "gemv: weight must be contiguous"

@@ -44,15 +44,24 @@ def by_shape(model: nn.Module) -> dict[Shape, list[Projection]]:
 
 def choose(model: nn.Module, sizes: Sequence[int], mode: str) -> dict[Shape, dict[int, Any]]:
     """Set each Projection's gemv_launches (batch size -> GemvLaunch) for every size the GEMV
-    serves, with the launch timed fastest for its shape (none with mode off or off CUDA);
+    serves, with the launch timed fastest for its shape (none with mode off, off CUDA or on a
+    GPU older than compute capability 8.0);
     returns them per shape. Whether a size keeps them is the graph runner's call (auto: the
     faster whole step)."""
     picks: dict[Shape, dict[int, Any]] = {}
     for shape, mods in by_shape(model).items():
-        picks[shape] = {} if mode == "off" or not mods[0].weight.is_cuda else _pick(mods, sizes)
+        device = mods[0].weight.device
+        serves = mode != "off" and device.type == "cuda" and _compiles_for(device)
+        picks[shape] = _pick(mods, sizes) if serves else {}
         for m in mods:
             m.gemv_launches = dict(picks[shape])
     return picks
+
+
+def _compiles_for(device: torch.device) -> bool:
+    from weft.kernels.skinny import supports_gemv
+
+    return supports_gemv(device)
 
 
 def drop_size(model: nn.Module, size: int) -> list[tuple[Projection, Any]]:

@@ -54,3 +54,4 @@ def test_gemv_refuses_what_it_cannot_serve() -> None:
         wk.GemvLaunch(block_n=8)
     with pytest.raises(ValueError, match="num_stages"):
         wk.GemvLaunch(num_stages=0)
+    assert wk.skinny.supports_gemv(torch.device("cpu"))  # the interpreter runs it anywhere
