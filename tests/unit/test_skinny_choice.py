@@ -67,3 +67,38 @@ def test_weft_pdl_must_be_on_or_off(monkeypatch: pytest.MonkeyPatch) -> None:
         pdl_from_env()
     monkeypatch.setenv("WEFT_PDL", "off")
     assert not pdl_from_env()
+
+
+@pytest.mark.parametrize("gemv_faster", [True, False])
+def test_the_graph_runner_keeps_the_faster_step(
+    gemv_faster: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GraphRunner._keep_faster's bookkeeping (capture and replay stubbed: they need CUDA): the
+    size's graphs with the GEMV come back when they replay faster; otherwise the cuBLAS graphs
+    stay and the size leaves every projection's launches and the runner's record."""
+    from weft.runtime.cuda_graph import GraphRunner
+
+    model = tiny_llama()
+    mods = [m for group in skinny.by_shape(model).values() for m in group]
+    for m in mods:
+        m.gemv_launches = {1: "launch", 2: "launch"}
+    runner = GraphRunner(model, None, 2, 32, torch.float32, torch.device("cpu"), pad_row=0)
+    runner.gemv = {shape: {1: "launch", 2: "launch"} for shape in skinny.by_shape(model)}
+    runner.graphs = {(1, False): "gemv graph", (1, True): "gemv shared graph", (2, False): "other"}
+    times = {"gemv graph": 10.0, "cublas graph": 11.0 if gemv_faster else 9.0}
+
+    def recapture(bs: int, stream: object) -> None:
+        assert all(bs not in m.gemv_launches for m in mods)  # captured without the GEMV
+        runner.graphs[bs, False] = "cublas graph"
+        runner.graphs[bs, True] = "cublas shared graph"
+
+    monkeypatch.setattr(runner, "_capture_size", recapture)
+    monkeypatch.setattr(runner, "_replay_us", lambda bs: times[runner.graphs[bs, False]])
+    runner._keep_faster(1, None)
+    kept = "gemv" if gemv_faster else "cublas"
+    assert runner.graphs == {(1, False): f"{kept} graph", (1, True): f"{kept} shared graph",
+                             (2, False): "other"}  # fmt: skip
+    assert all(m.gemv_launches == ({1: "launch", 2: "launch"} if gemv_faster else {2: "launch"})
+               for m in mods)  # fmt: skip
+    assert all(sizes == ({1: "launch", 2: "launch"} if gemv_faster else {2: "launch"})
+               for sizes in runner.gemv.values())  # fmt: skip
