@@ -22,6 +22,10 @@
 #   bash benchmarks/run_h200_next.sh nogap    # host vs device per decode step, radix cache on
 #                                             # and off, 128 x 2176/256 (the gap it looked for
 #                                             # closed in the twelfth session: on / off 1.000)
+#   bash benchmarks/run_h200_next.sh gemv     # the twentieth session's unfinished GPU tests (the
+#                                             # engine's bf16 greedy comparison, shared prefix)
+#                                             # with the skinny GEMV and PDL on, then decode
+#                                             # steps per WEFT_GEMV mode (off / auto, twice)
 #   bash benchmarks/run_h200_fp8.sh prefix    # prefix sharing end to end
 # NOTE: never `git checkout HEAD -- ...` on the device: its copy carries the .git of the landed
 # main, so that restores the session's starting code (tenth session, calls 4-5).
@@ -75,5 +79,14 @@ case "${1:-}" in
         | tee -a "$OUT/nogap.log" | grep "DECODE\|medians\|steps in"
     done
     ;;
-  *) echo "usage: $0 checks|extend|extprof|tune|nogap" >&2; exit 2 ;;
+  gemv)
+    timeout "${TEST_S:-420}" $PYTEST -v \
+      tests/gpu/test_engine_cuda.py::test_bf16_backends_give_the_torch_backends_greedy_tokens \
+      tests/gpu/test_shared_prefix_cuda.py 2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed" \
+      | tee "$OUT/tests.log"
+    cd benchmarks
+    timeout "${STEP_S:-200}" python3 one_batch.py --backends triton+graph --batches 1 8 16 \
+      --reps 20 --gemv-modes off auto off auto 2>&1 | grep -v Warning | tee "$OUT/gemv_modes.log"
+    ;;
+  *) echo "usage: $0 checks|extend|extprof|tune|nogap|gemv" >&2; exit 2 ;;
 esac
