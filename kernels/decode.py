@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._check import INDEX_DTYPES, check_tensor, kv_dtypes
+from ._check import INDEX_DTYPES, check_tensor, kv_dtypes, supports_pdl
 from .attend import LOG2E, _attend
 
 if TYPE_CHECKING:
@@ -84,7 +85,11 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     HAS_KV_STARTS: tl.constexpr,
     V_STAGED: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: merge the prefix's columns (if any) here and write Out
+    PDL: tl.constexpr,  # launched as a programmatic dependent: the next kernel may launch now
 ):
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -164,9 +169,13 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     PREFIX_BLOCK_N: tl.constexpr,
     HAS_KV_STARTS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """All of a (request, q head)'s partial results merged in one pass (no loop of dependent
     loads: at batch 1 with 32+ splits a serial merge is latency-bound)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
@@ -257,6 +266,7 @@ def decode_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     fp8_v_staged: bool | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Attention of each request's one query over its whole paged KV; returns `out`.
 
@@ -269,7 +279,8 @@ def decode_attention(
     programs supply keys [0, kv_starts[b]). `block_n`, `num_warps`, `num_stages` override the
     per-request kernel's launch (SharedPrefix carries the prefix kernel's). `fp8_v_staged`
     (an fp8 pool under a 16-bit q; CUDA only, the default there) converts V tiles before their
-    layout change (`_attend`); False sinks the conversion into the dot operand.
+    layout change (`_attend`); False sinks the conversion into the dot operand. `pdl`: the
+    split and reduce kernels launch as programmatic dependents where the GPU supports it.
 
     `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
     S' >= num_kv_splits + shared.num_splits) so CUDA-graph replays reuse one buffer. No host sync:
@@ -321,6 +332,7 @@ def decode_attention(
     if bsz == 0:
         return out
     width = num_kv_splits + prefix_splits
+    pdl = pdl and supports_pdl(dev)
     # one split: the split kernel writes `out`, after merging the prefix kernel's columns if any
     direct = num_kv_splits == 1
     if direct and shared is None:
@@ -353,7 +365,7 @@ def decode_attention(
         G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
         FP16_DOTS=fp16_dots(q, k_buffer), HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged,
-        DIRECT=direct,
+        DIRECT=direct, PDL=pdl, launch_pdl=pdl,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
     if direct:
@@ -365,6 +377,6 @@ def decode_attention(
         out.stride(0), out.stride(1),
         D=dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_kv_splits + prefix_splits),
         BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, HAS_KV_STARTS=kv_starts is not None,
-        num_warps=4 if width * block_d <= 4096 else 8,
+        PDL=pdl, launch_pdl=pdl, num_warps=4 if width * block_d <= 4096 else 8,
     )  # fmt: skip
     return out

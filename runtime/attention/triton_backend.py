@@ -19,6 +19,7 @@ from weft.kernels.decode import decode_num_kv_splits
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch
 from weft.runtime.memory import KVPool
+from weft.runtime.pdl import pdl_mode_from_env
 from weft.runtime.shared_prefix import (
     MEMBERS_PER_BLOCK,
     SharedPrefixPlan,
@@ -68,6 +69,7 @@ class TritonAttentionBackend(AttentionBackend):
         if forced not in ("auto", "0", "1"):
             raise ValueError(f"WEFT_EXTEND_WORK must be auto, 0 or 1, got {forced!r}")
         self.use_work = pool.k[0].dtype == FP8_KV if forced == "auto" else forced == "1"
+        self.pdl = pdl_mode_from_env() == "all"  # decode kernels as programmatic dependents
         self.work: torch.Tensor | None = None
         self._work_lens: tuple[list[int], list[int]] = ([], [])  # its extend and prefix lengths
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
@@ -176,6 +178,7 @@ class TritonAttentionBackend(AttentionBackend):
                 self.num_kv_splits,
                 kv_starts=self.kv_starts,
                 shared=self.shared,
+                pdl=self.pdl,
             )
         else:
             p, t = self.num_extend, self.extend_tokens

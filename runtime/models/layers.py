@@ -4,7 +4,6 @@ scaling), SiLU-and-mul."""
 from __future__ import annotations
 
 import math
-import os
 import weakref
 from collections.abc import Callable
 from functools import partial
@@ -14,15 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def pdl_from_env() -> bool:
-    """WEFT_PDL: on (the default) or off. On, weft's GEMV and RMSNorm kernels launch as
-    programmatic dependents where the GPU supports it (compute capability 9.0+): each may launch
-    while the kernel before it finishes, and waits for it before it touches any activation."""
-    value = os.environ.get("WEFT_PDL", "on")
-    if value not in ("on", "off"):
-        raise ValueError(f"WEFT_PDL must be on or off, got {value!r}")
-    return value == "on"
+from weft.runtime.pdl import pdl_mode_from_env
 
 
 class Projection(nn.Linear):
@@ -41,7 +32,7 @@ class Projection(nn.Linear):
         self.pdl = False  # the GEMV launches as a programmatic dependent (use_kernels)
 
     def use_kernels(self) -> None:
-        self.pdl = pdl_from_env()
+        self.pdl = pdl_mode_from_env() != "off"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         launch = self.gemv_launches.get(x.shape[0])
@@ -76,7 +67,7 @@ class RMSNorm(nn.Module):
     def use_kernels(self) -> None:
         from weft.kernels import fused_add_rmsnorm, rmsnorm
 
-        pdl = pdl_from_env()
+        pdl = pdl_mode_from_env() != "off"
         self._kernels = (partial(rmsnorm, pdl=pdl), partial(fused_add_rmsnorm, pdl=pdl))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -172,7 +163,7 @@ class RotaryEmbedding(nn.Module):
 
         device = self.cos.device
         del self.cos, self.sin
-        self._rotate = rotary_embedding
+        self._rotate = partial(rotary_embedding, pdl=pdl_mode_from_env() == "all")
         self.build(device)
 
     @property

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
         ("triton", "auto", "on", "on", 3),
         ("triton", "cublas", "on", "off", 1),
         ("triton", "auto", "auto", "on", 1),
+        ("triton", "auto", "on", "all", 5),
     ],
 )
 def test_graph_replay_equals_eager_decode(

@@ -301,6 +301,55 @@ def test_programmatic_dependents_in_a_graph_match_plain_launches() -> None:
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), pdl
 
 
+def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches() -> None:
+    """add + RMSNorm -> qkv GEMV -> rotary (K/V into the pool) -> decode attention (split and
+    reduce) -> o_proj GEMV, twice over, every launch a programmatic dependent (WEFT_PDL=all) in
+    one CUDA graph: bit for bit the plain launches' outputs and pool."""
+    if not wk.supports_pdl(torch.device(DEV)):
+        pytest.skip("programmatic dependent launch needs compute capability 9.0+")
+    heads, kv_heads, dim, slots = 8, 2, 128, 8192
+    hidden, width = heads * dim, (heads + 2 * kv_heads) * dim
+    w_qkv = (torch.randn(width, hidden, device=DEV) / hidden**0.5).to(torch.bfloat16)
+    w_o = (torch.randn(hidden, hidden, device=DEV) / hidden**0.5).to(torch.bfloat16)
+    norm_w = torch.randn(hidden, dtype=torch.bfloat16, device=DEV)
+    cache = wk.cos_sin_cache(1.0 / 10000 ** (torch.arange(0, dim, 2, device=DEV) / dim), 4096)
+    k0 = torch.randn(slots, kv_heads, dim, dtype=torch.bfloat16, device=DEV)
+    v0 = torch.randn(slots, kv_heads, dim, dtype=torch.bfloat16, device=DEV)
+    table = torch.randperm(slots - 16, device=DEV)[:4096].view(2, 2048).to(torch.int32) + 16
+    rows = torch.arange(2, device=DEV)
+    seq_lens = torch.tensor([700, 1500], device=DEV)
+    positions = seq_lens - 1
+    loc = table[rows, positions].long()
+    x0 = torch.randn(2, hidden, dtype=torch.bfloat16, device=DEV)
+    launch = wk.GemvLaunch(64, 128, 2, 4, 4)
+
+    def layer_chain(pdl: bool) -> tuple[torch.Tensor, ...]:
+        k_pool, v_pool = k0.clone(), v0.clone()
+        x, res = x0.clone(), torch.zeros_like(x0)
+        for _ in range(2):
+            wk.fused_add_rmsnorm(x, res, norm_w, 1e-5, pdl=pdl)
+            qkv = wk.gemv(x, w_qkv, launch=launch, pdl=pdl)
+            q = qkv[:, :hidden].view(2, heads, dim)
+            k = qkv[:, hidden : hidden + kv_heads * dim].view(2, kv_heads, dim)
+            v = qkv[:, hidden + kv_heads * dim :].view(2, kv_heads, dim)
+            wk.rotary_embedding(positions, q, k, cache, kv_store=(v, k_pool, v_pool, loc), pdl=pdl)
+            out = torch.empty(2, heads, dim, dtype=torch.bfloat16, device=DEV)
+            wk.decode_attention(q, k_pool, v_pool, table, rows, seq_lens, out, dim**-0.5, 8,
+                                pdl=pdl)  # fmt: skip
+            x = wk.gemv(out.view(2, hidden), w_o, launch=launch, pdl=pdl)
+        return x, res, k_pool, v_pool
+
+    want = layer_chain(False)
+    layer_chain(True)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = layer_chain(True)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 @pytest.mark.parametrize("neox", [True, False])
 def test_rotary_llama31(neox: bool) -> None:
     from weft.runtime.models.layers import rope_inv_freq

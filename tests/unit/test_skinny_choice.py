@@ -57,16 +57,17 @@ def test_a_size_is_dropped_and_restored() -> None:
     assert all(m.gemv_launches == {1: ("launch", i), 2: ("launch", -i)} for i, m in enumerate(mods))
 
 
-def test_weft_pdl_must_be_on_or_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    from weft.runtime.models.layers import pdl_from_env
+def test_weft_pdl_must_be_a_known_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    from weft.runtime.pdl import pdl_mode_from_env
 
     monkeypatch.delenv("WEFT_PDL", raising=False)
-    assert pdl_from_env()  # on by default
+    assert pdl_mode_from_env() == "on"  # the default
     monkeypatch.setenv("WEFT_PDL", "yes")
-    with pytest.raises(ValueError, match="WEFT_PDL must be on or off, got 'yes'"):
-        pdl_from_env()
-    monkeypatch.setenv("WEFT_PDL", "off")
-    assert not pdl_from_env()
+    with pytest.raises(ValueError, match="WEFT_PDL must be on, all or off, got 'yes'"):
+        pdl_mode_from_env()
+    for mode in ("all", "off"):
+        monkeypatch.setenv("WEFT_PDL", mode)
+        assert pdl_mode_from_env() == mode
 
 
 @pytest.mark.parametrize("gemv_faster", [True, False])
