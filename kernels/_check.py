@@ -33,6 +33,6 @@ def check_tensor(
 
 
 def supports_pdl(device: torch.device) -> bool:
-    """Whether kernels on `device` can launch as programmatic dependents (and prefetch to the L2
-    in bulk): a CUDA GPU of compute capability 9.0 or later."""
+    """Whether kernels on `device` can launch as programmatic dependents (griddepcontrol): a CUDA
+    GPU of compute capability 9.0 or later."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)

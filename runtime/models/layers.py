@@ -19,9 +19,10 @@ from weft.runtime.pdl import pdl_mode_from_env
 class Projection(nn.Linear):
     """nn.Linear whose batches of the sizes in `gemv_launches` run weft's skinny GEMV (CUDA) with
     that size's launch: a few rows read the weight once near copy speed, where cuBLAS falls
-    short. runtime/skinny.py times which sizes gain, per weight shape, before the decode graphs
-    are captured; empty: always cuBLAS. `gated`: the model calls it through forward_gated (a
-    gated MLP's down projection)."""
+    short. Before the decode graphs are captured, runtime/skinny.py picks each weight shape's
+    launch and the graph runner keeps the sizes whose step replays faster with it; empty:
+    always cuBLAS. `gated`: the model calls it through forward_gated (a gated MLP's down
+    projection)."""
 
     def __init__(
         self, in_features: int, out_features: int, bias: bool = False, gated: bool = False
