@@ -40,7 +40,7 @@ def compile_split_kernel(
     sig.update(dict.fromkeys(STRIDES, "i32"))
     consts = {"G": 4, "D": 128, "BLOCK_H": 16, "BLOCK_D": 128, "BLOCK_N": block_n,
               "PREFIX_BLOCK_N": 64, "DOT_PRECISION": "tf32", "FP16_DOTS": fp8, "HAS_KV_STARTS": False,
-              "V_STAGED": fp8 and staged, "DIRECT": False}  # fmt: skip
+              "V_STAGED": fp8 and staged, "DIRECT": False, "PDL": False}  # fmt: skip
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
     aligned = [n for n in names if sig[n].startswith("*") or n.startswith("stride")]
