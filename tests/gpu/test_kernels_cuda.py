@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -266,6 +267,21 @@ def test_gemv_at_the_projection_shapes(
         assert_close(out, ref.gemv_ref(x, weight, b, silu_mul), 1e-2)
 
 
+def _replays_match_plain_launches(chain: Callable[[bool], tuple[torch.Tensor, ...]]) -> None:
+    """chain(pdl) captured in a CUDA graph with and without programmatic dependents: three
+    replays of each equal chain(False) run eagerly, bit for bit."""
+    want = chain(False)
+    for pdl in (False, True):
+        chain(pdl)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = chain(pdl)
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), pdl
+
+
 def test_programmatic_dependents_in_a_graph_match_plain_launches() -> None:
     """RMSNorm -> GEMV -> GEMV (SiLU folded) -> RMSNorm, three times over, as programmatic
     dependents in one CUDA graph: every launch may start while the one before finishes, so a
@@ -289,16 +305,7 @@ def test_programmatic_dependents_in_a_graph_match_plain_launches() -> None:
         wk.fused_add_rmsnorm(x, res, norm_w, 1e-5, pdl=pdl)
         return x, res
 
-    want = chain(False)
-    for pdl in (False, True):
-        chain(pdl)  # compile outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            got = chain(pdl)
-        for _ in range(3):
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), pdl
+    _replays_match_plain_launches(chain)
 
 
 def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches() -> None:
@@ -339,15 +346,7 @@ def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches() -> N
             x = wk.gemv(out.view(2, hidden), w_o, launch=launch, pdl=pdl)
         return x, res, k_pool, v_pool
 
-    want = layer_chain(False)
-    layer_chain(True)  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        got = layer_chain(True)
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    _replays_match_plain_launches(layer_chain)
 
 
 @pytest.mark.parametrize("neox", [True, False])
