@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -32,6 +34,7 @@ def check_tensor(
     )
 
 
+@functools.cache  # NOTE: asked at every launch of the kernels that take `pdl`
 def supports_pdl(device: torch.device) -> bool:
     """Whether kernels on `device` can launch as programmatic dependents (griddepcontrol): a CUDA
     GPU of compute capability 9.0 or later."""

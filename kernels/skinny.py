@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -147,6 +148,7 @@ def _split_sum_kernel(  # type: ignore[no-untyped-def]
     tl.store(Out + offs, acc.to(Out.dtype.element_ty), mask=mask)
 
 
+@functools.cache  # NOTE: asked at every launch
 def supports_gemv(device: torch.device) -> bool:
     """Whether `gemv` compiles for `device`: its tl.dot needs tensor cores of compute capability
     8.0+ on CUDA (elsewhere only the interpreter runs it, for tests)."""
