@@ -1,7 +1,8 @@
 """The skinny projections (weft.kernels.gemv) against cuBLAS as a decode step meets them: inside a
-CUDA graph, back to back over distinct (cold) weights of Llama-3.1-8B's four projection shapes.
+CUDA graph, back to back over distinct (cold) weights of Llama-3.1-8B's projection shapes and its
+lm_head; first a one-row decode layer without attention (cuBLAS or GEMV, PDL or not).
 
-    python benchmarks/gemv_chain.py [--rows 1 4] [--layers 12] [--quick]
+    python benchmarks/gemv_chain.py [--rows 1 8 16] [--layers 12] [--layers-only] [--quick]
 
 Per shape and row count: microseconds per projection (the graph's time / layers) and the share
 of the copy ceiling measured in the same run over the weight's bytes; every launch's output is

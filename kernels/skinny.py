@@ -1,4 +1,4 @@
-"""Skinny projections y = x @ W^T (+ bias) for 1-4 rows of x, built to keep HBM busy."""
+"""Skinny projections y = x @ W^T (+ bias) for 1-16 rows of x, built to keep HBM busy."""
 
 from __future__ import annotations
 
@@ -199,7 +199,7 @@ def gemv(
     split = max(1, min(launch.split_k, triton.cdiv(k, launch.block_k)))
     k_slice = triton.cdiv(triton.cdiv(k, split), launch.block_k) * launch.block_k
     split = triton.cdiv(k, k_slice)
-    even = n % launch.block_n == 0 and k % k_slice == 0 and k_slice % launch.block_k == 0
+    even = n % launch.block_n == 0 and k % k_slice == 0  # k_slice: whole tiles by construction
     target = (
         out if split == 1 else torch.empty(split, rows, n, dtype=torch.float32, device=out.device)
     )

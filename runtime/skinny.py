@@ -4,6 +4,7 @@ the faster step: runtime/cuda_graph.py)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,6 +14,7 @@ from torch import nn
 
 from weft.runtime.models.layers import Projection
 
+logger = logging.getLogger(__name__)
 Shape = tuple[int, int, bool]  # (out features, in features, gated)
 # GemvLaunch fields (block_n, block_k, split_k, num_warps, num_stages) timed per shape: the
 # best launches of Llama-3.1-8B's projections on the H200 (benchmarks/gemv_chain.py): one K slice
@@ -44,10 +46,9 @@ def by_shape(model: nn.Module) -> dict[Shape, list[Projection]]:
 
 def choose(model: nn.Module, sizes: Sequence[int], mode: str) -> dict[Shape, dict[int, Any]]:
     """Set each Projection's gemv_launches (batch size -> GemvLaunch) for every size the GEMV
-    serves, with the launch timed fastest for its shape (none with mode off, off CUDA or on a
-    GPU older than compute capability 8.0);
-    returns them per shape. Whether a size keeps them is the graph runner's call (auto: the
-    faster whole step)."""
+    serves, with the launch timed fastest for its shape (none with mode off, off CUDA, on a GPU
+    older than compute capability 8.0, or where no candidate launch fits); returns them per
+    shape. Whether a size keeps them is the graph runner's call (auto: the faster whole step)."""
     picks: dict[Shape, dict[int, Any]] = {}
     for shape, mods in by_shape(model).items():
         device = mods[0].weight.device
@@ -85,7 +86,12 @@ def _pick(mods: list[Projection], sizes: Sequence[int]) -> dict[int, Any]:
         return {}
     launches = [GemvLaunch(*c) for c in CANDIDATES]
     timer = _GraphTimer(mods, max(small))
-    timed = [(timer.us(max(small), timer.gemv_op(c)), c) for c in launches if timer.fits(c)]
+    timed = [(timer.us(timer.gemv_op(c)), c) for c in launches if timer.fits(c)]
+    if not timed:  # e.g. a GPU with less shared memory than every candidate asks for
+        m0 = mods[0]
+        logger.warning("no skinny GEMV launch fits the [%d, %d] projections: cuBLAS serves them",
+                       m0.out_features, m0.in_features)  # fmt: skip
+        return {}
     return dict.fromkeys(small, min(timed, key=lambda t: t[0])[1])
 
 
@@ -120,8 +126,8 @@ class _GraphTimer:
         return True
 
     @torch.no_grad()
-    def us(self, rows: int, op: Callable[[Projection, torch.Tensor], torch.Tensor]) -> float:
-        x = self.x[:rows]
+    def us(self, op: Callable[[Projection, torch.Tensor], torch.Tensor]) -> float:
+        x = self.x
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

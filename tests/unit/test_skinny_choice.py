@@ -103,3 +103,16 @@ def test_the_graph_runner_keeps_the_faster_step(
                for m in mods)  # fmt: skip
     assert all(sizes == ({1: "launch", 2: "launch"} if gemv_faster else {2: "launch"})
                for sizes in runner.gemv.values())  # fmt: skip
+
+
+def test_no_launch_that_fits_leaves_the_shape_on_cublas(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where no candidate launch fits the device (its shared memory), the shape gets no GEMV
+    and a warning says so, instead of the start-up failing."""
+    model = tiny_llama()
+    monkeypatch.setattr(skinny._GraphTimer, "fits", lambda self, launch: False)
+    mods = skinny.by_shape(model)[(32, 32, False)]
+    with caplog.at_level("WARNING", logger="weft.runtime.skinny"):
+        assert skinny._pick(mods, [1, 2, 4, 32]) == {}
+    assert "no skinny GEMV launch fits the [32, 32] projections" in caplog.text
