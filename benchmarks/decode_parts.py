@@ -134,28 +134,23 @@ def bench_attention(ceiling: float) -> None:
 
 
 def bench_splits(ceiling: float, batches: list[int]) -> None:
-    """The decode kernel's default launch per split count and batch (bf16, kv 2048, in a graph),
-    its splits merged by their last program (fused, the default) and by a reduce kernel."""
+    """The decode kernel's default launch per split count and batch (bf16, kv 2048, in a graph)."""
     from weft.kernels import decode_attention, decode_num_kv_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    grid = (1, 2, 4, 8, 16, 32)
+    grid = (1, 2, 4, 8, 16)
     print(f"\ndecode attention in a CUDA graph, kv 2048, bf16: us per call per split count "
-          f"({grid}), merged fused / by the reduce kernel; * = decode_num_kv_splits' pick")  # fmt: skip
+          f"({grid}); * = decode_num_kv_splits' pick")  # fmt: skip
     for bsz in batches:
         nbytes = decode_bytes(bsz, 2048)
         layers = max(2, min(32, (256 << 20) // nbytes))
         sets = [decode_setup(bsz, 2048) for _ in range(layers)]
-        tickets = torch.zeros(bsz, 8, dtype=torch.int32, device="cuda")
         pick = decode_num_kv_splits(bsz, 8, 2048, sms)
         cells = []
         for splits in grid:
-            times = [graph_ms([partial(decode_attention, **a, num_kv_splits=splits,
-                                       fused_merge=fused, tickets=tickets) for a in sets])
-                     for fused in (True, False)]  # fmt: skip
+            ms = graph_ms([partial(decode_attention, **a, num_kv_splits=splits) for a in sets])
             mark = "*" if splits == pick else " "
-            cells.append(f"{times[0] * 1e3:5.1f}/{times[1] * 1e3:5.1f} "
-                         f"{nbytes / times[0] / 1e6 / ceiling:4.0%}{mark}")  # fmt: skip
+            cells.append(f"{ms * 1e3:6.1f} {nbytes / ms / 1e6 / ceiling:4.0%}{mark}")
         print(f"  B={bsz:<4} " + " | ".join(cells))
         del sets
         torch.cuda.empty_cache()

@@ -149,21 +149,13 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
                 "TFLOP/s": flops / t / 1e12,
             }
         )
-    # the same weights, graphs captured again per WEFT_GEMV mode or decode merge
-    modes: list[str | None] = [f"gemv={m}" for m in args.gemv_modes or []]
-    modes += [f"merge={m}" for m in args.merge_modes or []]
-    if runner.graphs is None or not modes:
-        modes = [None]
+    modes = args.gemv_modes if runner.graphs is not None and args.gemv_modes else [None]
     for mode in modes:
-        if mode is not None:
+        if mode is not None:  # the same weights, graphs captured again with this WEFT_GEMV mode
             assert runner.graphs is not None
-            key, value = mode.split("=")
-            if key == "gemv":
-                runner.graphs.gemv_mode = value
-            else:
-                runner.attn.fused_merge = value == "fused"  # type: ignore[attr-defined]
+            runner.graphs.gemv_mode = mode
             runner.graphs.capture()
-            print(f"{backend}: {mode}: {_gemv_picks(runner)}")
+            print(f"{backend}: WEFT_GEMV={mode}: {_gemv_picks(runner)}")
         for b in args.batches:
             batch = decode_batch(runner, b, args.context, hf.vocab_size)
             t = timed(runner, batch, args.reps)
@@ -172,7 +164,7 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
             roof = (step_bytes + b * (args.context + 1) * kv_per_token) / bandwidth
             rows.append(
                 {
-                    "backend": backend + ("" if mode is None else f" {mode}"),
+                    "backend": backend + ("" if mode is None else f" gemv={mode}"),
                     "phase": f"decode B={b} ctx={args.context}",
                     "ms": t * 1e3,
                     "roofline_ms": roof * 1e3,
@@ -206,13 +198,6 @@ def main() -> None:
         nargs="+",
         choices=["auto", "on", "off"],
         help="decode steps again per WEFT_GEMV mode, graphs captured anew on the same weights",
-    )
-    ap.add_argument(
-        "--merge-modes",
-        nargs="+",
-        choices=["fused", "kernel"],
-        help="the same per decode merge (triton backend): by the split kernel's last program "
-        "(fused) or a reduce kernel of its own",
     )
     args = ap.parse_args()
     bandwidth = copy_bandwidth()

@@ -55,8 +55,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     Kv_starts,  # [B] first key of the request's own walk (when HAS_KV_STARTS)
     Part_o,  # [B, H, S, D] float32: each split's normalised output
     Part_lse,  # [B, H, S] float32: each split's log2-sum-exp2 of scores
-    Out,  # [B, H, D] (when DIRECT or FUSED)
-    Tickets,  # [B', Hkv] int32, zeros between launches (when FUSED)
+    Out,  # [B, H, D] (when DIRECT)
     qk_scale,  # softmax scale * log2(e)
     num_splits,
     num_prefix_splits,  # columns col0.. hold the shared prefix's splits (DIRECT, HAS_KV_STARTS)
@@ -75,7 +74,6 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     stride_lh,
     stride_outb,
     stride_outh,
-    stride_tb,
     G: tl.constexpr,  # q heads per kv head
     D: tl.constexpr,
     BLOCK_H: tl.constexpr,  # >= G, >= 16 so tl.dot has a legal shape
@@ -87,8 +85,6 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     HAS_KV_STARTS: tl.constexpr,
     V_STAGED: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: merge the prefix's columns (if any) here and write Out
-    FUSED: tl.constexpr,  # the (request, kv head)'s last program to finish merges the columns
-    BLOCK_S: tl.constexpr,  # (FUSED) >= the columns merged: num_splits + num_prefix_splits
     PDL: tl.constexpr,  # launched as a programmatic dependent: the next kernel may launch now
 ):
     if PDL:
@@ -125,22 +121,6 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
             tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
             lse_ptrs = Part_lse + b * stride_lb + heads * stride_lh + split
             tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=h_mask)
-    if FUSED:
-        # a ticket per (request, kv head): the program that draws the last one sees every
-        # other split's columns (the barrier orders all threads' stores before the atomic's
-        # release; the atomic's acquire orders the merge's loads after the others' releases)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(Tickets + b * stride_tb + kvh, 1, sem="acq_rel", scope="gpu")
-        if ticket == num_splits - 1:
-            tl.store(Tickets + b * stride_tb + kvh, 0)  # zeros again for the next launch
-            used, used_prefix = _used_columns(seq_len, kv_start, num_splits, num_prefix_splits,
-                                              BLOCK_N, PREFIX_BLOCK_N)  # fmt: skip
-            for g in tl.static_range(G):
-                _merge_head(
-                    Part_o, Part_lse, Out, b, kvh * G + g, used, used_prefix, col0,
-                    stride_ob, stride_oh, stride_os, stride_lb, stride_lh, stride_outb,
-                    stride_outh, D, BLOCK_D, BLOCK_S,
-                )  # fmt: skip
     if DIRECT:
         if HAS_KV_STARTS:
             # the prefix kernel ran first: fold its used columns into (acc, m_i, l_i); a column
@@ -164,49 +144,6 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # seq_len 0 (graph padding): zeros
         out_ptrs = Out + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :]
         tl.store(out_ptrs, o.to(Out.dtype.element_ty), mask=hd_mask)
-
-
-@triton.jit
-def _used_columns(  # type: ignore[no-untyped-def]
-    seq_len, kv_start, num_splits, num_prefix_splits, BLOCK_N: tl.constexpr,
-    PREFIX_BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """How many own and prefix columns hold a request's partial results.
-
-    NOTE: splits at or past a walk's length were never written (their buffers hold garbage):
-    read only the first `used` of each kind; a prefix of kv_start keys is split like its block's.
-    """
-    own = seq_len - kv_start
-    _, _, split_len = _split_range(own, num_splits, 0, BLOCK_N)
-    used = tl.cdiv(own, tl.maximum(split_len, 1))
-    _, _, prefix_split_len = _split_range(kv_start, num_prefix_splits, 0, PREFIX_BLOCK_N)
-    return used, tl.cdiv(kv_start, tl.maximum(prefix_split_len, 1))
-
-
-@triton.jit
-def _merge_head(  # type: ignore[no-untyped-def]
-    Part_o, Part_lse, Out, b, h, used, used_prefix, col0, stride_ob, stride_oh, stride_os,
-    stride_lb, stride_lh, stride_outb, stride_outh,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-):  # fmt: skip
-    """Out[b, h] from the used columns of q head h, all merged in one pass (no loop of
-    dependent loads: at batch 1 with 32+ splits a serial merge is latency-bound). The loads
-    skip the L1 (.cg): other programs wrote the columns during this launch."""
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    valid = offs_s < used + used_prefix
-    col = tl.where(offs_s < used, offs_s, col0 + offs_s - used)
-    lse_ptrs = Part_lse + b * stride_lb + h * stride_lh + col
-    lse = tl.load(lse_ptrs, mask=valid, other=float("-inf"), cache_modifier=".cg")
-    m = tl.max(lse, 0)
-    w = tl.where(valid, tl.exp2(lse - m), 0.0)  # [BLOCK_S]; no valid column (padded row): all 0
-    o_ptrs = Part_o + b * stride_ob + h * stride_oh + col[:, None] * stride_os + offs_d[None, :]
-    o_mask = valid[:, None] & (offs_d < D)[None, :]
-    o = tl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=".cg")
-    total = tl.sum(w, 0)
-    out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)  # seq_len 0 gives zeros
-    out_ptrs = Out + b * stride_outb + h * stride_outh + offs_d
-    tl.store(out_ptrs, out.to(Out.dtype.element_ty), mask=offs_d < D)
 
 
 @triton.jit
@@ -234,7 +171,8 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     HAS_KV_STARTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """One (request, q head)'s columns merged, in a launch of its own (fused_merge=False)."""
+    """All of a (request, q head)'s partial results merged in one pass (no loop of dependent
+    loads: at batch 1 with 32+ splits a serial merge is latency-bound)."""
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
@@ -244,10 +182,25 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     kv_start = 0
     if HAS_KV_STARTS:
         kv_start = tl.load(Kv_starts + b).to(tl.int32)
-    used, used_prefix = _used_columns(seq_len, kv_start, num_splits, num_prefix_splits,
-                                      BLOCK_N, PREFIX_BLOCK_N)  # fmt: skip
-    _merge_head(Part_o, Part_lse, Out, b, h, used, used_prefix, col0, stride_ob, stride_oh,
-                stride_os, stride_lb, stride_lh, stride_outb, stride_outh, D, BLOCK_D, BLOCK_S)  # fmt: skip
+    # NOTE: splits at or past a walk's length were never written (their buffers hold garbage):
+    # read only the first `used` of each kind; a prefix of kv_start keys is split like its block's.
+    own = seq_len - kv_start
+    _, _, split_len = _split_range(own, num_splits, 0, BLOCK_N)
+    used = tl.cdiv(own, tl.maximum(split_len, 1))
+    _, _, prefix_split_len = _split_range(kv_start, num_prefix_splits, 0, PREFIX_BLOCK_N)
+    used_prefix = tl.cdiv(kv_start, tl.maximum(prefix_split_len, 1))
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    valid = offs_s < used + used_prefix
+    col = tl.where(offs_s < used, offs_s, col0 + offs_s - used)
+    lse = tl.load(Part_lse + b * stride_lb + h * stride_lh + col, mask=valid, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.where(valid, tl.exp2(lse - m), 0.0)  # [BLOCK_S]; no valid column (padded row): all 0
+    o_ptrs = Part_o + b * stride_ob + h * stride_oh + col[:, None] * stride_os + offs_d[None, :]
+    o = tl.load(o_ptrs, mask=valid[:, None] & (offs_d < D)[None, :], other=0.0)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)  # seq_len 0 gives zeros
+    tl.store(Out + b * stride_outb + h * stride_outh + offs_d, out, mask=offs_d < D)
 
 
 def fp16_dots(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
@@ -314,8 +267,6 @@ def decode_attention(
     num_stages: int | None = None,
     fp8_v_staged: bool | None = None,
     pdl: bool = False,
-    fused_merge: bool = True,
-    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of each request's one query over its whole paged KV; returns `out`.
 
@@ -330,12 +281,6 @@ def decode_attention(
     (an fp8 pool under a 16-bit q; CUDA only, the default there) converts V tiles before their
     layout change (`_attend`); False sinks the conversion into the dot operand. `pdl`: the
     split and reduce kernels launch as programmatic dependents where the GPU supports it.
-
-    With several splits, `fused_merge` (the default) has the last program of each (request, kv
-    head) to finish merge the splits' columns and write `out`, counting finished programs on
-    `tickets` (int32 [B', Hkv] with B' >= B, all zeros; the merge sets its counters back to zero,
-    so one buffer serves every launch after it, CUDA-graph replays included; allocated here when
-    not given). fused_merge=False merges in a reduce kernel launched after the split kernel.
 
     `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
     S' >= num_kv_splits + shared.num_splits) so CUDA-graph replays reuse one buffer. No host sync:
@@ -402,17 +347,8 @@ def decode_attention(
         assert part_o.shape[0] >= bsz and part_o.shape[2] >= width, (part_o.shape, width)
         assert part_lse.shape[:3] == part_o.shape[:3], (part_lse.shape, part_o.shape)
 
-    fused = fused_merge and not direct
-    if not fused:
-        tickets = out  # NOTE: not read
-    elif tickets is None:
-        tickets = torch.zeros(bsz, num_kv_heads, dtype=torch.int32, device=dev)
-    else:
-        check_tensor(tickets, "tickets", (None, num_kv_heads), (torch.int32,), dev)
-        assert tickets.shape[0] >= bsz, f"tickets hold {tickets.shape[0]} rows for {bsz}"
     group = heads // num_kv_heads
     block_d = triton.next_power_of_2(dim)
-    block_s = triton.next_power_of_2(width)
     starts = seq_lens if kv_starts is None else kv_starts  # not read without kv_starts
     if shared is not None:  # NOTE: first, so that a direct split kernel can merge its columns
         from .shared_prefix import shared_prefix_splits  # NOTE: it imports this module
@@ -421,25 +357,25 @@ def decode_attention(
                              scale, num_kv_splits, prefix_block_n)  # fmt: skip
     _decode_split_kernel[(bsz, num_kv_heads, num_kv_splits)](
         q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, starts, part_o, part_lse, out,
-        tickets, scale * LOG2E, num_kv_splits, max(prefix_splits, 1), num_kv_splits,
+        scale * LOG2E, num_kv_splits, max(prefix_splits, 1), num_kv_splits,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2) if part_o.dim() == 4 else 0,
-        part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1), tickets.stride(0),
+        part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
         G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
         FP16_DOTS=fp16_dots(q, k_buffer), HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged,
-        DIRECT=direct, FUSED=fused, BLOCK_S=block_s, PDL=pdl, launch_pdl=pdl,
+        DIRECT=direct, PDL=pdl, launch_pdl=pdl,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
-    if direct or fused:
+    if direct:
         return out
     _decode_reduce_kernel[(bsz, heads)](
         part_o, part_lse, seq_lens, starts, out, num_kv_splits, max(prefix_splits, 1),
         num_kv_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
-        D=dim, BLOCK_D=block_d, BLOCK_S=block_s,
+        D=dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_kv_splits + prefix_splits),
         BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, HAS_KV_STARTS=kv_starts is not None,
         PDL=pdl, launch_pdl=pdl, num_warps=4 if width * block_d <= 4096 else 8,
     )  # fmt: skip

@@ -70,12 +70,6 @@ class TritonAttentionBackend(AttentionBackend):
             raise ValueError(f"WEFT_EXTEND_WORK must be auto, 0 or 1, got {forced!r}")
         self.use_work = pool.k[0].dtype == FP8_KV if forced == "auto" else forced == "1"
         self.pdl = pdl_mode_from_env() == "all"  # decode kernels as programmatic dependents
-        # the decode splits merged by the last program of each (request, kv head) to finish,
-        # counted on one ticket buffer for every layer and graph (it zeroes itself); False: a
-        # reduce kernel of its own after the split kernel (for comparison)
-        self.fused_merge = True
-        self.tickets = torch.zeros(req_to_token.shape[0], pool.num_kv_heads, dtype=torch.int32,
-                                   device=self.device)  # fmt: skip
         self.work: torch.Tensor | None = None
         self._work_lens: tuple[list[int], list[int]] = ([], [])  # its extend and prefix lengths
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
@@ -185,8 +179,6 @@ class TritonAttentionBackend(AttentionBackend):
                 kv_starts=self.kv_starts,
                 shared=self.shared,
                 pdl=self.pdl,
-                fused_merge=self.fused_merge,
-                tickets=self.tickets,
             )
         else:
             p, t = self.num_extend, self.extend_tokens
@@ -222,8 +214,6 @@ class TritonAttentionBackend(AttentionBackend):
                     out[t:],
                     scale,
                     self.num_kv_splits,
-                    fused_merge=self.fused_merge,
-                    tickets=self.tickets,
                 )
         return out
 

@@ -118,40 +118,6 @@ def test_decode_attention_shared_prefix(dtype: torch.dtype) -> None:
     assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
 
 
-@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
-@pytest.mark.parametrize("bsz, splits", [(1, 32), (8, 8), (16, 4)])
-def test_fused_merge_in_a_graph_equals_the_reduce_kernel(bsz: int, splits: int, pdl: bool) -> None:
-    """The fused merge's tickets under real concurrency: four decode launches on one ticket
-    buffer (as a step's layers share it) in one CUDA graph, replayed over fresh queries; each
-    replay equals the reduce kernel's outputs bit for bit (a merge that read a split's columns
-    before they were written would give the last replay's) and leaves the tickets at zero."""
-    if pdl and not wk.supports_pdl(torch.device(DEV)):
-        pytest.skip("programmatic dependent launch needs compute capability 9.0+")
-    lens = ragged(bsz, 1, 2048)
-    k_buffer, v_buffer, table, rows = bench.random_pool(lens, 16, 8, 128, torch.bfloat16)
-    args = (k_buffer, v_buffer, table, rows, torch.tensor(lens, device=DEV))
-    q = torch.randn(4, bsz, 32, 128, dtype=torch.bfloat16, device=DEV)
-    outs = torch.full_like(q, float("nan"))
-    tickets = torch.zeros(bsz, 8, dtype=torch.int32, device=DEV)
-
-    def launches() -> None:
-        for i in range(4):
-            wk.decode_attention(q[i], *args, outs[i], 128**-0.5, splits, tickets=tickets, pdl=pdl)
-
-    launches()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launches()
-    for _ in range(30):
-        q.normal_()
-        graph.replay()
-        expected = [wk.decode_attention(q[i], *args, torch.empty_like(q[i]), 128**-0.5, splits,
-                                        fused_merge=False) for i in range(4)]  # fmt: skip
-        assert torch.equal(outs, torch.stack(expected))
-    assert not tickets.any(), "the merge left tickets behind"
-
-
 def test_decode_and_extend_attention_read_an_fp8_pool() -> None:
     """kv_cache_dtype fp8_e4m3 at real shapes: bf16 queries over an e4m3 pool (read upcast)."""
     fp8 = torch.float8_e4m3fn
@@ -343,8 +309,8 @@ def test_programmatic_dependents_in_a_graph_match_plain_launches() -> None:
 
 
 def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches() -> None:
-    """add + RMSNorm -> qkv GEMV -> rotary (K/V into the pool) -> decode attention (splits
-    merged by the last) -> o_proj GEMV, twice over, every launch a programmatic dependent (WEFT_PDL=all) in
+    """add + RMSNorm -> qkv GEMV -> rotary (K/V into the pool) -> decode attention (split and
+    reduce) -> o_proj GEMV, twice over, every launch a programmatic dependent (WEFT_PDL=all) in
     one CUDA graph: bit for bit the plain launches' outputs and pool."""
     if not wk.supports_pdl(torch.device(DEV)):
         pytest.skip("programmatic dependent launch needs compute capability 9.0+")
@@ -363,7 +329,6 @@ def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches() -> N
     loc = table[rows, positions].long()
     x0 = torch.randn(2, hidden, dtype=torch.bfloat16, device=DEV)
     launch = wk.GemvLaunch(64, 128, 2, 4, 4)
-    tickets = torch.zeros(2, kv_heads, dtype=torch.int32, device=DEV)
 
     def layer_chain(pdl: bool) -> tuple[torch.Tensor, ...]:
         k_pool, v_pool = k0.clone(), v0.clone()
@@ -377,7 +342,7 @@ def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches() -> N
             wk.rotary_embedding(positions, q, k, cache, kv_store=(v, k_pool, v_pool, loc), pdl=pdl)
             out = torch.empty(2, heads, dim, dtype=torch.bfloat16, device=DEV)
             wk.decode_attention(q, k_pool, v_pool, table, rows, seq_lens, out, dim**-0.5, 8,
-                                pdl=pdl, tickets=tickets)  # fmt: skip
+                                pdl=pdl)  # fmt: skip
             x = wk.gemv(out.view(2, hidden), w_o, launch=launch, pdl=pdl)
         return x, res, k_pool, v_pool
 

@@ -255,28 +255,6 @@ def test_decode_attention_workspace_padded_rows_int32(splits: int) -> None:
     assert_close(out[live], ref.decode_attention_ref(q[live], *pool_args, 0.1), 1e-5)
 
 
-@interpreted
-def test_decode_fused_merge_equals_the_reduce_kernel_and_zeroes_its_tickets() -> None:
-    """The last program of each (request, kv head) merges the splits (fused_merge, the default)
-    as the reduce kernel does, bit for bit, rows of seq_len 0 included; its tickets are zeros
-    again after each launch, so one workspace serves the next launch."""
-    lens = [37, 0, 130, 64]
-    pool = make_pool([max(n, 1) for n in lens], lens, 16, 2, 64, torch.float32)
-    q = torch.randn(4, 8, 64)
-    args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, torch.tensor(lens))
-    tickets = torch.zeros(6, 2, dtype=torch.int32)
-    reduced = wk.decode_attention(q, *args, torch.full_like(q, NAN), 0.1, 4, block_n=16,
-                                  fused_merge=False)  # fmt: skip
-    for _ in range(2):
-        fused = wk.decode_attention(q, *args, torch.full_like(q, NAN), 0.1, 4, block_n=16,
-                                    tickets=tickets)  # fmt: skip
-        assert torch.equal(fused, reduced)
-        assert torch.equal(tickets, torch.zeros(6, 2, dtype=torch.int32))
-    assert torch.equal(fused[1], torch.zeros(8, 64))
-    with pytest.raises(AssertionError, match="tickets hold 3 rows for 4"):
-        wk.decode_attention(q, *args, torch.empty_like(q), 0.1, 4, tickets=tickets[:3])
-
-
 # us per decode call in CUDA graphs at kv 2048, bf16, 32 q / 8 kv heads, by split count, on the
 # H200 (132 SMs; benchmarks/decode_parts.py --splits, fifteenth session; B=1 at 32 splits: sixth)
 MEASURED_SPLITS = {
