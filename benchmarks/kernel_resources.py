@@ -88,6 +88,8 @@ def main() -> None:
         "PREFIX_BLOCK_N": 128,
         "HAS_KV_STARTS": False,
         "DIRECT": False,
+        "ROPE": False,
+        "SATURATE": 0.0,
         "PDL": False,
     }
     decode = ((128, 4, 3, "fp8"), (128, 8, 3, "fp8"), (64, 4, 3, "fp8"), (32, 2, 2, "fp8"),

@@ -149,13 +149,21 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
                 "TFLOP/s": flops / t / 1e12,
             }
         )
-    modes = args.gemv_modes if runner.graphs is not None and args.gemv_modes else [None]
+    # the same weights, graphs captured again per WEFT_GEMV mode or rotary placement
+    modes: list[str | None] = [f"gemv={m}" for m in args.gemv_modes or []]
+    modes += [f"rope={m}" for m in args.rope_modes or []]
+    if runner.graphs is None or not modes:
+        modes = [None]
     for mode in modes:
-        if mode is not None:  # the same weights, graphs captured again with this WEFT_GEMV mode
+        if mode is not None:
             assert runner.graphs is not None
-            runner.graphs.gemv_mode = mode
+            key, value = mode.split("=")
+            if key == "gemv":
+                runner.graphs.gemv_mode = value
+            else:
+                runner.attn.fuse_rope = value == "fused"  # type: ignore[attr-defined]
             runner.graphs.capture()
-            print(f"{backend}: WEFT_GEMV={mode}: {_gemv_picks(runner)}")
+            print(f"{backend}: {mode}: {_gemv_picks(runner)}")
         for b in args.batches:
             batch = decode_batch(runner, b, args.context, hf.vocab_size)
             t = timed(runner, batch, args.reps)
@@ -164,7 +172,7 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
             roof = (step_bytes + b * (args.context + 1) * kv_per_token) / bandwidth
             rows.append(
                 {
-                    "backend": backend + ("" if mode is None else f" gemv={mode}"),
+                    "backend": backend + ("" if mode is None else f" {mode}"),
                     "phase": f"decode B={b} ctx={args.context}",
                     "ms": t * 1e3,
                     "roofline_ms": roof * 1e3,
@@ -198,6 +206,13 @@ def main() -> None:
         nargs="+",
         choices=["auto", "on", "off"],
         help="decode steps again per WEFT_GEMV mode, graphs captured anew on the same weights",
+    )
+    ap.add_argument(
+        "--rope-modes",
+        nargs="+",
+        choices=["fused", "separate"],
+        help="the same per rotary placement (triton backend): in the decode kernel (fused) or "
+        "in a launch of its own before it",
     )
     args = ap.parse_args()
     bandwidth = copy_bandwidth()

@@ -24,7 +24,8 @@ from weft.kernels import decode
 
 STRIDES = ["stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
            "stride_rr", "stride_ob", "stride_oh", "stride_os", "stride_lb", "stride_lh",
-           "stride_outb", "stride_outh"]  # fmt: skip
+           "stride_outb", "stride_outh", "stride_c", "stride_knb", "stride_knh", "stride_vnb",
+           "stride_vnh"]  # fmt: skip
 
 
 def compile_split_kernel(
@@ -35,12 +36,13 @@ def compile_split_kernel(
     kv = "*fp8e4nv" if fp8 else "*bf16"
     sig = {"Q": "*bf16", "K_buf": kv, "V_buf": kv, "Req_to_token": "*i32", "Req_rows": "*i32",
            "Seq_lens": "*i32", "Kv_starts": "*i32", "Part_o": "*fp32", "Part_lse": "*fp32",
-           "Out": "*bf16", "qk_scale": "fp32", "num_splits": "i32", "num_prefix_splits": "i32",
+           "Out": "*bf16", "Positions": "*i32", "Cos_sin": "*fp32", "K_new": "*bf16",
+           "V_new": "*bf16", "Loc": "*i32", "qk_scale": "fp32", "num_splits": "i32", "num_prefix_splits": "i32",
            "col0": "i32"}  # fmt: skip
     sig.update(dict.fromkeys(STRIDES, "i32"))
     consts = {"G": 4, "D": 128, "BLOCK_H": 16, "BLOCK_D": 128, "BLOCK_N": block_n,
               "PREFIX_BLOCK_N": 64, "DOT_PRECISION": "tf32", "FP16_DOTS": fp8, "HAS_KV_STARTS": False,
-              "V_STAGED": fp8 and staged, "DIRECT": False, "PDL": False}  # fmt: skip
+              "V_STAGED": fp8 and staged, "DIRECT": False, "ROPE": False, "SATURATE": 0.0, "PDL": False}  # fmt: skip
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
     aligned = [n for n in names if sig[n].startswith("*") or n.startswith("stride")]

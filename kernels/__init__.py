@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .activation import silu_and_mul
     from .argmax import argmax_rows
     from .bitmask import apply_token_bitmask
-    from .decode import decode_attention, decode_num_kv_splits
+    from .decode import DecodeRope, decode_attention
     from .extend import extend_attention, extend_block_tokens, extend_work
     from .kv_indices import kv_page_indices
     from .kv_store import store_kv
@@ -23,8 +23,10 @@ if TYPE_CHECKING:
     from .rotary import cos_sin_cache, rotary_embedding
     from .shared_prefix import SharedPrefix
     from .skinny import GemvLaunch, gemv
+    from .splits import decode_num_kv_splits
 
 _EXPORTS = {
+    "DecodeRope": "decode",
     "FP8_KV": "_check",
     "FP8_MAX": "_check",
     "GemvLaunch": "skinny",
@@ -33,7 +35,7 @@ _EXPORTS = {
     "argmax_rows": "argmax",
     "cos_sin_cache": "rotary",
     "decode_attention": "decode",
-    "decode_num_kv_splits": "decode",
+    "decode_num_kv_splits": "splits",
     "extend_attention": "extend",
     "extend_block_tokens": "extend",
     "extend_work": "extend",
@@ -48,6 +50,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "DecodeRope",
     "FP8_KV",
     "FP8_MAX",
     "GemvLaunch",

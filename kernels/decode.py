@@ -3,37 +3,31 @@ a KV prefix shared by several requests (SharedPrefix) is read once per block of 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._check import INDEX_DTYPES, check_tensor, kv_dtypes, supports_pdl
+from ._check import FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor, kv_dtypes, supports_pdl
 from .attend import LOG2E, _attend
+from .rotary import _rope_neox, _to_pool
 
 if TYPE_CHECKING:
     from .shared_prefix import SharedPrefix
 
-# One 64-key block per split is enough work once the reduce merges all splits in one pass
-# (was 256 with a serial merge; see BENCHMARKS.md, sixth session).
-MIN_SPLIT_TOKENS = 64
-# The split count's model (decode_num_kv_splits), fitted to the default bf16 launch (64 keys,
-# 4 warps) at kv 2048 in CUDA graphs on the H200, batch 1 to 128 (BENCHMARKS.md, fifteenth
-# session): it picks the measured best count (or one within 2% of it) at every batch there;
-# the old rule (~4 programs per SM) ran 4-21% slower at batches 8-96.
-RESIDENT_PROGRAMS = 4
-SATURATING_PROGRAMS = 2.4
-SPLIT_COST = 0.96
-# The same model for an fp8 pool's launch (128 keys, 4 warps, 3 stages: 140-146 registers and
-# 73 KB of shared memory, so 3 programs per SM), fitted the same way at batch 1 to 512: it picks
-# the measured best at every batch but 1 (32 splits, 13.1 us, against 16 at 12.3). The bf16
-# model there picked counts up to 17% slower (batch 64: 124.6 vs 106.7 us; BENCHMARKS.md,
-# eighteenth session).
-FP8_RESIDENT_PROGRAMS = 3
-FP8_SATURATING_PROGRAMS = 1.6
-FP8_SPLIT_COST = 0.93
+
+class DecodeRope(NamedTuple):
+    """The step's new tokens for a decode launch that rotates q and k itself (neox halves over
+    whole heads, as rotary_embedding with is_neox) and stores the new k and v into the pool
+    before its walk reads them: the separate rotary + store launch folded in."""
+
+    positions: torch.Tensor  # [B] int: each request's new token's position
+    cos_sin: torch.Tensor  # [P, D] float32 (rotary.cos_sin_cache; rotary dim = head dim)
+    k: torch.Tensor  # [B, Hkv, D] the new tokens' k, not rotated (q's dtype)
+    v: torch.Tensor  # [B, Hkv, D]
+    loc: torch.Tensor  # [B] int: their slots (req_to_token[req_rows[b], seq_lens[b] - 1])
 
 
 @triton.jit
@@ -56,6 +50,11 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     Part_o,  # [B, H, S, D] float32: each split's normalised output
     Part_lse,  # [B, H, S] float32: each split's log2-sum-exp2 of scores
     Out,  # [B, H, D] (when DIRECT)
+    Positions,  # [B] (when ROPE, as the four below): the new token's position
+    Cos_sin,  # [P, D] float32: cos then sin per position (rotary.cos_sin_cache)
+    K_new,  # [B, Hkv, D] the new token's k, not yet rotated, and its v
+    V_new,
+    Loc,  # [B] the new token's slot
     qk_scale,  # softmax scale * log2(e)
     num_splits,
     num_prefix_splits,  # columns col0.. hold the shared prefix's splits (DIRECT, HAS_KV_STARTS)
@@ -74,6 +73,11 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     stride_lh,
     stride_outb,
     stride_outh,
+    stride_c,
+    stride_knb,
+    stride_knh,
+    stride_vnb,
+    stride_vnh,
     G: tl.constexpr,  # q heads per kv head
     D: tl.constexpr,
     BLOCK_H: tl.constexpr,  # >= G, >= 16 so tl.dot has a legal shape
@@ -85,6 +89,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     HAS_KV_STARTS: tl.constexpr,
     V_STAGED: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: merge the prefix's columns (if any) here and write Out
+    ROPE: tl.constexpr,  # rotate q and the new k here (neox halves, whole heads); store k, v
+    SATURATE: tl.constexpr,  # (ROPE) clamp to +-SATURATE before the pool's cast (fp8), if > 0
     PDL: tl.constexpr,  # launched as a programmatic dependent: the next kernel may launch now
 ):
     if PDL:
@@ -108,9 +114,27 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
+    if ROPE:
+        d_mask = offs_d < D
+        freq = Cos_sin + tl.load(Positions + b).to(tl.int64) * stride_c + offs_d % (D // 2)
+        cos = tl.load(freq, mask=d_mask, other=0.0)
+        sin = tl.load(freq + D // 2, mask=d_mask, other=0.0)
+        if end == seq_len and end > start:  # this split walks the new key: store it first
+            slot = tl.load(Loc + b).to(tl.int64)
+            k_ptrs = K_new + b * stride_knb + kvh * stride_knh + offs_d
+            k_new = _rope_neox(k_ptrs, offs_d, d_mask, cos, sin, D // 2).to(Q.dtype.element_ty)
+            k_new = _to_pool(k_new, SATURATE, K_buf.dtype.element_ty)
+            tl.store(K_buf + slot * stride_kt + kvh * stride_kh + offs_d, k_new, mask=d_mask)
+            v_new = tl.load(V_new + b * stride_vnb + kvh * stride_vnh + offs_d, mask=d_mask)
+            v_new = _to_pool(v_new, SATURATE, V_buf.dtype.element_ty)
+            tl.store(V_buf + slot * stride_vt + kvh * stride_vh + offs_d, v_new, mask=d_mask)
+            tl.debug_barrier()  # the walk's loads of that slot come after every thread's store
     if end > start:
         q_ptrs = Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=hd_mask, other=0.0)  # [BLOCK_H, BLOCK_D]
+        if ROPE:
+            q = _rope_neox(q_ptrs, offs_d, hd_mask, cos, sin, D // 2).to(Q.dtype.element_ty)
+        else:
+            q = tl.load(q_ptrs, mask=hd_mask, other=0.0)  # [BLOCK_H, BLOCK_D]
         acc, m_i, l_i = _attend(
             q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start, kv_start + end,
             kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
@@ -214,40 +238,6 @@ def fp8_v_staging(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
     return fp16_dots(q, k_buffer) and q.is_cuda
 
 
-def decode_num_kv_splits(
-    batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int = 132, fp8: bool = False
-) -> int:
-    """The power-of-2 split count (each split at least MIN_SPLIT_TOKENS of the longest context)
-    that best fills the SMs, by a model of the kernel's waves fitted on the H200:
-
-    - an SM holds RESIDENT_PROGRAMS programs at once, so the grid runs in rounds of that many
-      per SM, the last one partial;
-    - a round takes at least the time of SATURATING_PROGRAMS programs: fewer programs per SM
-      do not draw the SM's share of the memory bandwidth;
-    - each doubling of the splits costs SPLIT_COST (the partials and their reduce);
-    - `fp8` (an fp8 pool, whose launch differs) takes the FP8_ constants instead.
-
-    (A split's length follows each request's own length at run time, so a CUDA graph captured
-    for the longest context still spreads a short one over all its splits.)"""
-    cap = max(1, min(64, max_seq_len // MIN_SPLIT_TOKENS))
-    programs = max(batch_size * num_kv_heads, 1)
-    resident, saturating, split_cost = (
-        (FP8_RESIDENT_PROGRAMS, FP8_SATURATING_PROGRAMS, FP8_SPLIT_COST)
-        if fp8
-        else (RESIDENT_PROGRAMS, SATURATING_PROGRAMS, SPLIT_COST)
-    )
-    best, best_score, splits, cost = 1, 0.0, 1, 1.0
-    while splits <= cap:
-        per_sm = programs * splits / num_sms
-        full, last = divmod(per_sm, resident)
-        rounds = full * resident + (max(last, saturating) if last > 0 else 0)
-        score = per_sm / rounds * cost
-        if score > best_score * (1 + 1e-6):  # ties go to fewer splits
-            best, best_score = splits, score
-        splits, cost = splits * 2, cost * split_cost
-    return best
-
-
 def decode_attention(
     q: torch.Tensor,  # [B, H, D]
     k_buffer: torch.Tensor,  # [num_slots, Hkv, D]
@@ -267,6 +257,7 @@ def decode_attention(
     num_stages: int | None = None,
     fp8_v_staged: bool | None = None,
     pdl: bool = False,
+    rope: DecodeRope | None = None,
 ) -> torch.Tensor:
     """Attention of each request's one query over its whole paged KV; returns `out`.
 
@@ -281,6 +272,10 @@ def decode_attention(
     (an fp8 pool under a 16-bit q; CUDA only, the default there) converts V tiles before their
     layout change (`_attend`); False sinks the conversion into the dot operand. `pdl`: the
     split and reduce kernels launch as programmatic dependents where the GPU supports it.
+
+    `rope` (not with `shared`): q is not rotated yet, nor is the new k, and neither k nor v is
+    in the pool: each program rotates its q heads, and the program whose split ends at the new
+    key rotates it and stores it and its v at `rope.loc` first (cast as store_kv casts).
 
     `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
     S' >= num_kv_splits + shared.num_splits) so CUDA-graph replays reuse one buffer. No host sync:
@@ -329,6 +324,18 @@ def decode_attention(
         # fp8: 128 keys per prefix tile too (H200, 64 prefixes of 2048 shared by 16, 4 splits:
         # 430 vs 452 us for both kernels)
         prefix_splits, prefix_block_n = shared.num_splits, shared.block_n or default_n
+    positions, cos_sin, k_new, v_new, loc = (seq_lens, q, q, q, seq_lens) if rope is None else rope
+    if rope is not None:  # NOTE: else the five above are not read
+        if shared is not None:
+            raise ValueError(
+                "decode_attention: rope cannot go with shared (the prefix kernel reads q)"
+            )
+        check_tensor(positions, "rope.positions", (bsz,), INDEX_DTYPES, dev)
+        check_tensor(cos_sin, "rope.cos_sin", (None, dim), (torch.float32,), dev)
+        check_tensor(k_new, "rope.k", (bsz, num_kv_heads, dim), (q.dtype,), dev)
+        check_tensor(v_new, "rope.v", (bsz, num_kv_heads, dim), (q.dtype,), dev)
+        check_tensor(loc, "rope.loc", (bsz,), INDEX_DTYPES, dev)
+        assert dim % 2 == 0, f"rotary halves need an even head dim, got {dim}"
     if bsz == 0:
         return out
     width = num_kv_splits + prefix_splits
@@ -357,15 +364,18 @@ def decode_attention(
                              scale, num_kv_splits, prefix_block_n)  # fmt: skip
     _decode_split_kernel[(bsz, num_kv_heads, num_kv_splits)](
         q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, starts, part_o, part_lse, out,
-        scale * LOG2E, num_kv_splits, max(prefix_splits, 1), num_kv_splits,
+        positions, cos_sin, k_new, v_new, loc, scale * LOG2E, num_kv_splits, max(prefix_splits, 1), num_kv_splits,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2) if part_o.dim() == 4 else 0,
-        part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1),
+        part_lse.stride(0), part_lse.stride(1), out.stride(0), out.stride(1), cos_sin.stride(0),
+        k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
         FP16_DOTS=fp16_dots(q, k_buffer), HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged,
-        DIRECT=direct, PDL=pdl, launch_pdl=pdl,
+        DIRECT=direct, ROPE=rope is not None,
+        SATURATE=FP8_MAX if rope is not None and k_buffer.dtype == FP8_KV else 0.0,
+        PDL=pdl, launch_pdl=pdl,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
     if direct:

@@ -56,6 +56,17 @@ def _rotate_heads(  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def _rope_neox(ptrs, offs_d, mask, cos, sin, HALF: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The rows at `ptrs` (dims offs_d of whole heads) rotated by halves (pairs (i, i + HALF)),
+    in float32 as _rotate_heads computes them; cos and sin hold each dim's (d mod HALF)."""
+    lo = offs_d < HALF
+    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(ptrs + (tl.where(lo, offs_d + HALF, offs_d - HALF) - offs_d), mask=mask, other=0.0)
+    xp = xp.to(tl.float32)
+    return tl.where(lo, x * cos - xp * sin, x * cos + xp * sin)
+
+
+@triton.jit
 def _to_pool(x, SATURATE: tl.constexpr, dtype: tl.constexpr):  # type: ignore[no-untyped-def]
     """As store_kv casts: clamped to +-SATURATE first where it is > 0 (an fp8 pool)."""
     if SATURATE > 0:

@@ -48,6 +48,26 @@ class AttentionBackend(ABC):
         """Store k/v for the new tokens (unless the caller did: `kv_stored`, into
         `kv_store_target`) and return attention output for q."""
 
+    def rotates(self, batch: ForwardBatch) -> bool:
+        """Whether `forward_rotating` serves this step (the triton backend's decode steps without
+        shared prefixes): its kernel rotates q and k and stores k and v itself, which spares the
+        caller's rotary launch."""
+        return False
+
+    def forward_rotating(
+        self,
+        q: torch.Tensor,  # [T, H, D] not rotated yet
+        k: torch.Tensor,  # [T, Hkv, D] not rotated yet
+        v: torch.Tensor,  # [T, Hkv, D]
+        layer: int,
+        batch: ForwardBatch,
+        scale: float,
+        cos_sin: torch.Tensor,  # [P, D] float32: cos then sin per position (cos_sin_cache)
+    ) -> torch.Tensor:  # [T, H, D]
+        """forward for q and k that still need their rotary embedding at `batch.positions` (neox
+        halves over whole heads), and k, v not yet stored; only where `rotates(batch)`."""
+        raise TypeError(f"{type(self).__name__} does not rotate q and k itself")
+
     def kv_store_target(
         self, layer: int, batch: ForwardBatch
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:

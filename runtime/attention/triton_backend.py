@@ -8,6 +8,7 @@ import torch
 
 from weft.kernels import (
     FP8_KV,
+    DecodeRope,
     SharedPrefix,
     decode_attention,
     extend_attention,
@@ -15,7 +16,7 @@ from weft.kernels import (
     extend_work,
     store_kv,
 )
-from weft.kernels.decode import decode_num_kv_splits
+from weft.kernels.splits import decode_num_kv_splits
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch
 from weft.runtime.memory import KVPool
@@ -70,6 +71,9 @@ class TritonAttentionBackend(AttentionBackend):
             raise ValueError(f"WEFT_EXTEND_WORK must be auto, 0 or 1, got {forced!r}")
         self.use_work = pool.k[0].dtype == FP8_KV if forced == "auto" else forced == "1"
         self.pdl = pdl_mode_from_env() == "all"  # decode kernels as programmatic dependents
+        # decode steps without shared prefixes rotate q and k in the decode kernel, which
+        # stores k and v too (forward_rotating); False keeps the model's rotary launch (A/B)
+        self.fuse_rope = True
         self.work: torch.Tensor | None = None
         self._work_lens: tuple[list[int], list[int]] = ([], [])  # its extend and prefix lengths
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
@@ -215,6 +219,27 @@ class TritonAttentionBackend(AttentionBackend):
                     scale,
                     self.num_kv_splits,
                 )
+        return out
+
+    def rotates(self, batch: ForwardBatch) -> bool:
+        return self.fuse_rope and self.decode and self.shared is None
+
+    def forward_rotating(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: int,
+        batch: ForwardBatch,
+        scale: float,
+        cos_sin: torch.Tensor,
+    ) -> torch.Tensor:
+        assert self.rotates(batch), "forward_rotating serves only what rotates() accepts"
+        out = torch.empty_like(q)
+        rope = DecodeRope(batch.positions, cos_sin, k, v, batch.out_cache_loc)
+        decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.req_to_token,
+                         batch.req_rows, batch.seq_lens, out, scale, self.num_kv_splits,
+                         pdl=self.pdl, rope=rope)  # fmt: skip
         return out
 
     ##### Internal Helper Functions #####

@@ -62,12 +62,14 @@ class LlamaAttention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        # the rotary kernel stores k and v into the pool too where the backend lets it
-        target = attn.kv_store_target(self.layer, batch) if self.rotary.stores_kv else None
-        q, k = self.rotary(batch.positions, q, k, (v, *target) if target else None)
-        out = attn.forward(
-            q, k, v, self.layer, batch, self.scale, self.sliding_window, kv_stored=bool(target)
-        )
+        if self.rotary.stores_kv and attn.rotates(batch):  # the decode kernel rotates, stores
+            out = attn.forward_rotating(q, k, v, self.layer, batch, self.scale, self.rotary.cos_sin)
+        else:  # the rotary kernel stores k and v into the pool too where the backend lets it
+            target = attn.kv_store_target(self.layer, batch) if self.rotary.stores_kv else None
+            q, k = self.rotary(batch.positions, q, k, (v, *target) if target else None)
+            out = attn.forward(
+                q, k, v, self.layer, batch, self.scale, self.sliding_window, kv_stored=bool(target)
+            )
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 
 

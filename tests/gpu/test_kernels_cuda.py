@@ -118,6 +118,34 @@ def test_decode_attention_shared_prefix(dtype: torch.dtype) -> None:
     assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
 
 
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("bsz", [1, 48])
+def test_decode_attention_with_rope_equals_rotary_then_decode(bsz: int, fp8: bool) -> None:
+    """rope: the decode launch rotates q and the new k and stores k and v itself, as the rotary
+    kernel (kv_store) and a plain decode launch after it do, at the runtime's split count."""
+    lens = ragged(bsz, 1, 2048)
+    k_buffer, v_buffer, table, rows = bench.random_pool(lens, 16, 8, 128, torch.bfloat16)
+    if fp8:
+        k_buffer, v_buffer = k_buffer.to(torch.float8_e4m3fn), v_buffer.to(torch.float8_e4m3fn)
+    seq_lens = torch.tensor(lens, device=DEV)
+    positions = seq_lens - 1
+    loc = table[rows, positions].long()
+    cache = wk.cos_sin_cache(1.0 / 500000 ** (torch.arange(0, 128, 2, device=DEV) / 128), 4096)
+    q, k, v = (torch.randn(bsz, h, 128, dtype=torch.bfloat16, device=DEV) for h in (32, 8, 8))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = wk.decode_num_kv_splits(bsz, 8, 2048, sms, fp8=fp8)
+    k_pool, v_pool, q_rot, k_rot = k_buffer.clone(), v_buffer.clone(), q.clone(), k.clone()
+    wk.rotary_embedding(positions, q_rot, k_rot, cache, kv_store=(v, k_pool, v_pool, loc))
+    args = (table, rows, seq_lens)
+    want = wk.decode_attention(q_rot, k_pool, v_pool, *args, torch.empty_like(q), 128**-0.5, splits)
+    rope = wk.DecodeRope(positions, cache, k, v, loc)
+    got = wk.decode_attention(q, k_buffer, v_buffer, *args, torch.full_like(q, float("nan")),
+                              128**-0.5, splits, rope=rope)  # fmt: skip
+    assert torch.equal(k_buffer.view(torch.uint8), k_pool.view(torch.uint8))
+    assert torch.equal(v_buffer.view(torch.uint8), v_pool.view(torch.uint8))
+    assert_close(got, want.float(), 1e-3)
+
+
 def test_decode_and_extend_attention_read_an_fp8_pool() -> None:
     """kv_cache_dtype fp8_e4m3 at real shapes: bf16 queries over an e4m3 pool (read upcast)."""
     fp8 = torch.float8_e4m3fn

@@ -255,6 +255,37 @@ def test_decode_attention_workspace_padded_rows_int32(splits: int) -> None:
     assert_close(out[live], ref.decode_attention_ref(q[live], *pool_args, 0.1), 1e-5)
 
 
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@interpreted
+def test_decode_attention_rotates_and_stores_the_new_token(splits: int, dtype: torch.dtype) -> None:
+    """rope: the decode launch rotates q and the new k and stores k and v itself, as the rotary
+    kernel (kv_store) and a plain decode launch after it do. The new tokens' slots start NaN, so
+    a missing store shows; a padded row (seq_len 0) stores nothing."""
+    lens, dim = [37, 0, 130, 64], 64
+    pool = make_pool([max(n, 1) for n in lens], [max(n - 1, 0) for n in lens], 16, 2, dim, dtype)
+    seq_lens = torch.tensor(lens)
+    positions = (seq_lens - 1).clamp(min=0)
+    loc = pool.req_to_token[pool.req_rows, positions]  # the padded row's: a NaN slot of page 0
+    cache = wk.cos_sin_cache(1.0 / 10000 ** (torch.arange(0, dim, 2) / dim), 256)
+    q, k, v = (torch.randn(4, h, dim).to(dtype) for h in (8, 2, 2))
+    live = torch.tensor([0, 2, 3])
+    k_pool, v_pool = pool.k_buffer.clone(), pool.v_buffer.clone()
+    q_rot, k_rot = q.clone(), k.clone()
+    wk.rotary_embedding(positions, q_rot, k_rot, cache)
+    k_pool[loc[live]], v_pool[loc[live]] = k_rot[live], v[live]
+    table = (pool.req_to_token, pool.req_rows, seq_lens)
+    want = wk.decode_attention(q_rot, k_pool, v_pool, *table, torch.full_like(q, NAN), 0.125,
+                               splits, block_n=16)  # fmt: skip
+    rope = wk.DecodeRope(positions, cache, k, v, loc)
+    got = wk.decode_attention(q, pool.k_buffer, pool.v_buffer, *table, torch.full_like(q, NAN),
+                              0.125, splits, block_n=16, rope=rope)  # fmt: skip
+    assert_close(got, want, TOL[dtype])
+    assert torch.equal(pool.k_buffer[loc[live]], k_pool[loc[live]])
+    assert torch.equal(pool.v_buffer[loc[live]], v_pool[loc[live]])
+    assert pool.k_buffer[loc[1]].isnan().all() and pool.v_buffer[loc[1]].isnan().all()
+
+
 # us per decode call in CUDA graphs at kv 2048, bf16, 32 q / 8 kv heads, by split count, on the
 # H200 (132 SMs; benchmarks/decode_parts.py --splits, fifteenth session; B=1 at 32 splits: sixth)
 MEASURED_SPLITS = {
@@ -301,7 +332,7 @@ def test_decode_splits_are_the_measured_best(fp8: bool, bsz: int) -> None:
     """At every measured batch the split count picked runs within 2% of the fastest one; on an
     fp8 pool at batch 1 within 7% (32 splits against 16: the model's shape cannot tell them
     apart there)."""
-    from weft.kernels.decode import decode_num_kv_splits
+    from weft.kernels.splits import decode_num_kv_splits
 
     times = (MEASURED_SPLITS_FP8 if fp8 else MEASURED_SPLITS)[bsz]
     pick = decode_num_kv_splits(bsz, 8, 2048, 132, fp8=fp8)
@@ -311,7 +342,7 @@ def test_decode_splits_are_the_measured_best(fp8: bool, bsz: int) -> None:
 
 
 def test_decode_splits_are_powers_of_2_within_the_context() -> None:
-    from weft.kernels.decode import MIN_SPLIT_TOKENS, decode_num_kv_splits
+    from weft.kernels.splits import MIN_SPLIT_TOKENS, decode_num_kv_splits
 
     for context in (16, 64, 200, 2048, 131072):
         cap = max(1, min(64, context // MIN_SPLIT_TOKENS))

@@ -1,5 +1,5 @@
 """The model with weft's Triton kernels (RMSNorm + residual, rotary, SiLU-and-mul, the skinny GEMV
-projections) wired in gives the logits of its torch-op path: run on CPU under TRITON_INTERPRET=1 in
+projections, decode attention that rotates q and k) wired in gives the logits of its torch-op path: run on CPU under TRITON_INTERPRET=1 in
 a child process."""
 
 from __future__ import annotations
@@ -28,6 +28,33 @@ from weft.runtime.models.layers import Projection
 
 _patch_old_interpreter()
 torch.set_num_threads(1)
+
+
+def decode_last_logits(model, config, ids):
+    # ids[:-1] prefilled, then ids[-1] decoded, both on the triton backend: the decode step's
+    # logits [1, vocab], and how many decode launches rotated q and k themselves (rope)
+    from weft.runtime.batch import ForwardBatch, ForwardMode
+    from weft.runtime.memory import KVPool, ReqToTokenPool
+    n, attn_layer = len(ids), model.layers[0].self_attn
+    pool = KVPool(n + 1, config.num_hidden_layers, attn_layer.num_kv_heads, attn_layer.head_dim,
+                  torch.float32, "cpu")
+    table = ReqToTokenPool(1, 64, "cpu")
+    table.table[0, :n] = torch.arange(1, n + 1)
+    attn = triton_backend.TritonAttentionBackend(pool, table.table)
+    rotating, real = [], triton_backend.decode_attention
+    triton_backend.decode_attention = lambda *a, **k: rotating.append(k.get("rope") is not None) or real(*a, **k)
+    logits = None
+    for mode, lo, hi in ((ForwardMode.EXTEND, 0, n - 1), (ForwardMode.DECODE, n - 1, n)):
+        fb = ForwardBatch(mode=mode, input_ids=ids[lo:hi], positions=torch.arange(lo, hi),
+                          out_cache_loc=table.table[0, lo:hi], req_rows=torch.tensor([0]),
+                          seq_lens=torch.tensor([hi]), extend_lens=torch.tensor([hi - lo]),
+                          seq_lens_cpu=[hi], extend_lens_cpu=[hi - lo])
+        attn.prepare(fb)
+        with torch.no_grad():
+            logits = model.compute_logits(model(fb, attn))
+    triton_backend.decode_attention = real
+    return logits, sum(rotating)
+
 base = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
         "max_position_embeddings": 64, "vocab_size": 101, "head_dim": 16}
 cases = {
@@ -56,6 +83,10 @@ for name, cfg in cases.items():
     triton_backend.store_kv = real_store
     out[name + "+triton"] = {"max_abs": (got - ref).abs().max().item(),
                              "scale": ref.abs().max().item(), "store_kv_calls": len(stores)}
+    # the last token decoded: the decode kernel rotates q and k and stores k and v itself
+    got, rotating = decode_last_logits(model, config, ids)
+    out[name + "+decode"] = {"max_abs": (got - ref[-1:]).abs().max().item(),
+                             "scale": ref[-1:].abs().max().item(), "rotating_calls": rotating}
     # three tokens: every projection through the GEMV (down with SiLU-and-mul inside it)
     ref = prefill_logits(model, config, ids[:3])
     calls = []
@@ -89,13 +120,18 @@ def diffs() -> dict[str, dict[str, float]]:
 
 
 @pytest.mark.parametrize(
-    "kind", ["llama", "qwen3", "llama+triton", "qwen3+triton", "llama+gemv", "qwen3+gemv"]
-)
+    "kind",
+    ["llama", "qwen3", "llama+triton", "qwen3+triton", "llama+decode", "qwen3+decode",
+     "llama+gemv", "qwen3+gemv"],
+)  # fmt: skip
 def test_kernels_give_the_torch_logits(kind: str, diffs: dict[str, dict[str, float]]) -> None:
     """(+triton: the triton attention backend, into whose pool the rotary kernel stores k and v
-    in its own launch.)"""
+    in its own launch; +decode: the last token decoded on it, where the decode kernel rotates q
+    and k and stores k and v, once per layer.)"""
     d = diffs[kind]
     assert d.get("store_kv_calls", 0) == 0
+    if kind.endswith("+decode"):
+        assert d["rotating_calls"] == 2, d
     if kind.endswith("+gemv"):  # each projection once, the down projections with the activation
         assert d["gemv_calls"] == d["projections"] == 8, d
         assert d["gated_calls"] == 2, d
