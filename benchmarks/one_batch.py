@@ -161,7 +161,7 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
             if key == "gemv":
                 runner.graphs.gemv_mode = value
             else:
-                runner.attn.fuse_rope = value == "fused"  # type: ignore[attr-defined]
+                runner.attn.fuse_rope = value == "fused"
             runner.graphs.capture()
             print(f"{backend}: {mode}: {_gemv_picks(runner)}")
         for b in args.batches:
