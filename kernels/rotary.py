@@ -48,8 +48,10 @@ def _rotate_heads(  # type: ignore[no-untyped-def]
     p2 = base + offs_h[:, None] * stride_h + o2[None, :]
     x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(p2, mask=mask, other=0.0).to(tl.float32)
-    y1 = (x1 * cos[None, :] - x2 * sin[None, :]).to(base.dtype.element_ty)
-    y2 = (x2 * cos[None, :] + x1 * sin[None, :]).to(base.dtype.element_ty)
+    # NOTE: explicit fma, so the compiler's contraction cannot round these differently from
+    # _rope_neox's (the decode kernel's rotation): both paths store the same k bit for bit
+    y1 = tl.fma(x1, cos[None, :], -(x2 * sin[None, :])).to(base.dtype.element_ty)
+    y2 = tl.fma(x2, cos[None, :], x1 * sin[None, :]).to(base.dtype.element_ty)
     tl.store(p1, y1, mask=mask)
     tl.store(p2, y2, mask=mask)
     return y1, y2, o1, o2, mask
@@ -62,8 +64,8 @@ def _rope_neox(ptrs, offs_d, mask, cos, sin, HALF: tl.constexpr):  # type: ignor
     lo = offs_d < HALF
     x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
     xp = tl.load(ptrs + (tl.where(lo, offs_d + HALF, offs_d - HALF) - offs_d), mask=mask, other=0.0)
-    xp = xp.to(tl.float32)
-    return tl.where(lo, x * cos - xp * sin, x * cos + xp * sin)
+    xp = tl.where(lo, -xp.to(tl.float32), xp.to(tl.float32))  # the rotated half's sign
+    return tl.fma(x, cos, xp * sin)  # as _rotate_heads rounds it (explicit fma in both)
 
 
 @triton.jit

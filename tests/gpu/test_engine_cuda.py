@@ -55,7 +55,14 @@ def test_fp32_cuda_greedy_equals_hf(random_llama: Path, unfused: bool) -> None:
 def test_bf16_backends_give_the_torch_backends_greedy_tokens(random_llama_d64: Path) -> None:
     """Every backend's greedy tokens equal the torch backend's, except where the torch backend's
     own top two tokens were a near-tie (bf16 kernels round differently): a divergence anywhere
-    else is a bug, not rounding."""
+    else is a bug, not rounding. Up to the first divergence, each chosen token's logprob is the
+    torch backend's within NEAR_TIE too.
+
+    NOTE: no limit on how many prompts diverge: this model's bf16 logits tie exactly at many
+    steps (its logprobs move in steps of 2^-7), so any change of rounding flips some. With the
+    skinny GEMV (batch 12 decodes) 3 of 12 prompts diverged, at top-2 gaps of 0, 0 and 0.0078,
+    and the chosen logprobs before that were within 0.0078; with WEFT_GEMV=off, whose cuBLAS
+    GEMMs round as the torch backend's do, none did (H200, twenty-first session)."""
     import importlib.util
 
     prompts = [f"w{i} w{3 * i + 1} w{7 * i + 2} w{i * i % 4000}" for i in range(1, 13)]
@@ -73,20 +80,26 @@ def test_bf16_backends_give_the_torch_backends_greedy_tokens(random_llama_d64: P
     torch_backend = {"attention_backend": "torch", "disable_cuda_graph": True}
     with weft.Engine(str(random_llama_d64), device="cuda", page_size=16, **torch_backend) as eng:
         ref = eng.generate(prompts, params, return_logprob=True, top_logprobs_num=2)
-    reference = [o["output_ids"] for o in ref]
     gaps = [[top[0][0] - top[1][0] for top in o["meta_info"]["output_top_logprobs"]] for o in ref]
     failures = []
     for kwargs in variants:
         with weft.Engine(str(random_llama_d64), device="cuda", page_size=16, **kwargs) as eng:
-            outs = [o["output_ids"] for o in eng.generate(prompts, params)]
+            runs = eng.generate(prompts, params, return_logprob=True, top_logprobs_num=2)
         diverged = {}  # prompt -> (first differing position, the torch backend's top-2 gap there)
-        for p, (got, want) in enumerate(zip(outs, reference, strict=True)):
-            at = next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), None)
+        noise = 0.0  # the largest chosen-token logprob difference before any divergence
+        for p, (run, want) in enumerate(zip(runs, ref, strict=True)):
+            got, wanted = run["output_ids"], want["output_ids"]
+            at = next((i for i, (a, b) in enumerate(zip(got, wanted, strict=True)) if a != b), None)
             if at is not None:
                 diverged[p] = (at, round(gaps[p][at], 4))
-        print(json.dumps({**kwargs, "identical": len(prompts) - len(diverged), "at": diverged}))
-        if any(gap > NEAR_TIE for _, gap in diverged.values()) or len(diverged) > len(prompts) // 3:
-            failures.append((kwargs, diverged))
+            mine = run["meta_info"]["output_top_logprobs"]
+            theirs = want["meta_info"]["output_top_logprobs"]
+            for i in range(len(got) if at is None else at):
+                noise = max(noise, abs(mine[i][0][0] - theirs[i][0][0]))
+        print(json.dumps({**kwargs, "identical": len(prompts) - len(diverged),
+                          "noise": round(noise, 5), "at": diverged}))  # fmt: skip
+        if any(gap > NEAR_TIE for _, gap in diverged.values()) or noise > NEAR_TIE:
+            failures.append((kwargs, round(noise, 5), diverged))
     assert not failures, failures
 
 
