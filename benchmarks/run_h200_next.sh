@@ -22,11 +22,14 @@
 #   bash benchmarks/run_h200_next.sh nogap    # host vs device per decode step, radix cache on
 #                                             # and off, 128 x 2176/256 (the gap it looked for
 #                                             # closed in the twelfth session: on / off 1.000)
-#   bash benchmarks/run_h200_next.sh gemv     # the twentieth session's unfinished GPU tests (the
-#                                             # engine's bf16 greedy comparison, shared prefix,
-#                                             # the WEFT_PDL=all layer chain and graph cases)
-#   bash benchmarks/run_h200_next.sh gemvstep # decode steps per WEFT_GEMV mode (off / auto,
-#                                             # twice) under WEFT_PDL=on and =all
+#   bash benchmarks/run_h200_next.sh gemv     # the GPU tests the twenty-first session could not
+#                                             # run or re-run: the decode kernel's rotation (k
+#                                             # stored bit for bit as the rotary kernel's), the
+#                                             # engine's bf16 greedy comparison (its new logprob
+#                                             # check), the graph cases; PASSED lines kept
+#   bash benchmarks/run_h200_next.sh gemvstep # decode steps with the rotation in the decode kernel
+#                                             # or its own launch (twice) under WEFT_PDL=on and
+#                                             # =all (all: not yet measured)
 #   bash benchmarks/run_h200_fp8.sh prefix    # prefix sharing end to end
 # NOTE: never `git checkout HEAD -- ...` on the device: its copy carries the .git of the landed
 # main, so that restores the session's starting code (tenth session, calls 4-5).
@@ -82,20 +85,18 @@ case "${1:-}" in
     ;;
   gemv)
     K=tests/gpu/test_kernels_cuda.py
-    timeout "${TEST_S:-420}" $PYTEST -v \
-      $K::test_programmatic_dependents_in_a_graph_match_plain_launches \
-      $K::test_a_decode_layer_of_programmatic_dependents_matches_plain_launches \
-      tests/gpu/test_cuda_graph.py \
+    timeout "${TEST_S:-420}" python3 -m pytest -v -rA -p no:cacheprovider \
+      $K::test_decode_attention_with_rope_equals_rotary_then_decode \
       tests/gpu/test_engine_cuda.py::test_bf16_backends_give_the_torch_backends_greedy_tokens \
-      tests/gpu/test_shared_prefix_cuda.py 2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed" \
-      | tee "$OUT/tests.log"
+      tests/gpu/test_cuda_graph.py 2>&1 | tee "$OUT/tests_full.log" \
+      | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|^\{" | tee "$OUT/tests.log"
     ;;
   gemvstep)
     cd benchmarks
     for pdl in on all; do
       WEFT_PDL=$pdl timeout "${STEP_S:-200}" python3 one_batch.py --backends triton+graph \
-        --batches 1 8 16 --reps 20 --gemv-modes off auto off auto 2>&1 | grep -v Warning \
-        | tee -a "$OUT/gemv_modes.log"
+        --batches 1 8 16 --reps 20 --rope-modes separate fused separate fused 2>&1 \
+        | grep -v Warning | tee -a "$OUT/rope_modes.log"
     done
     ;;
   *) echo "usage: $0 checks|extend|extprof|tune|nogap|gemv|gemvstep" >&2; exit 2 ;;
