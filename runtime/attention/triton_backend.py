@@ -168,57 +168,43 @@ class TritonAttentionBackend(AttentionBackend):
         k_buf, v_buf = self.pool.k[layer], self.pool.v[layer]
         if not kv_stored:
             store_kv(k, v, k_buf, v_buf, batch.out_cache_loc)
-        out = torch.empty_like(q)
         if self.decode:
+            return self._decode(q, layer, batch, scale)
+        out = torch.empty_like(q)
+        p, t = self.num_extend, self.extend_tokens
+        if self.work is None and self.use_work:
+            group = q.shape[1] // k.shape[1]
+            tokens = extend_block_tokens(q.dtype, k_buf.dtype, q.shape[2], group)
+            items = extend_work(*self._work_lens, tokens)
+            self.work = to_device(items, torch.int32, self.device).view(-1, 2)
+        extend_attention(
+            q[:t],
+            k[:t],
+            v[:t],
+            k_buf,
+            v_buf,
+            self.req_to_token,
+            batch.req_rows[:p],
+            self.prefix_lens,
+            batch.extend_lens[:p],
+            self.extend_start,
+            out[:t],
+            scale,
+            max_extend_len=self.max_extend,
+            work=self.work,
+        )
+        if t < q.shape[0]:  # the decodes after them
             decode_attention(
-                q,
+                q[t:],
                 k_buf,
                 v_buf,
                 self.req_to_token,
-                batch.req_rows,
-                batch.seq_lens,
-                out,
+                self.tail_rows,
+                self.tail_lens,
+                out[t:],
                 scale,
                 self.num_kv_splits,
-                kv_starts=self.kv_starts,
-                shared=self.shared,
-                pdl=self.pdl,
             )
-        else:
-            p, t = self.num_extend, self.extend_tokens
-            if self.work is None and self.use_work:
-                group = q.shape[1] // k.shape[1]
-                tokens = extend_block_tokens(q.dtype, k_buf.dtype, q.shape[2], group)
-                items = extend_work(*self._work_lens, tokens)
-                self.work = to_device(items, torch.int32, self.device).view(-1, 2)
-            extend_attention(
-                q[:t],
-                k[:t],
-                v[:t],
-                k_buf,
-                v_buf,
-                self.req_to_token,
-                batch.req_rows[:p],
-                self.prefix_lens,
-                batch.extend_lens[:p],
-                self.extend_start,
-                out[:t],
-                scale,
-                max_extend_len=self.max_extend,
-                work=self.work,
-            )
-            if t < q.shape[0]:  # the decodes after them
-                decode_attention(
-                    q[t:],
-                    k_buf,
-                    v_buf,
-                    self.req_to_token,
-                    self.tail_rows,
-                    self.tail_lens,
-                    out[t:],
-                    scale,
-                    self.num_kv_splits,
-                )
         return out
 
     def rotates(self, batch: ForwardBatch) -> bool:
@@ -235,14 +221,24 @@ class TritonAttentionBackend(AttentionBackend):
         cos_sin: torch.Tensor,
     ) -> torch.Tensor:
         assert self.rotates(batch), "forward_rotating serves only what rotates() accepts"
-        out = torch.empty_like(q)
         rope = DecodeRope(batch.positions, cos_sin, k, v, batch.out_cache_loc)
-        decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.req_to_token,
-                         batch.req_rows, batch.seq_lens, out, scale, self.num_kv_splits,
-                         pdl=self.pdl, rope=rope)  # fmt: skip
-        return out
+        return self._decode(q, layer, batch, scale, rope)
 
     ##### Internal Helper Functions #####
+
+    def _decode(
+        self,
+        q: torch.Tensor,
+        layer: int,
+        batch: ForwardBatch,
+        scale: float,
+        rope: DecodeRope | None = None,
+    ) -> torch.Tensor:
+        """A decode step's attention (q and the new k rotated here too with `rope`)."""
+        return decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.req_to_token,
+                                batch.req_rows, batch.seq_lens, torch.empty_like(q), scale,
+                                self.num_kv_splits, kv_starts=self.kv_starts, shared=self.shared,
+                                pdl=self.pdl, rope=rope)  # fmt: skip
 
     def _eager_plan(self, plan: SharedPrefixPlan) -> tuple[torch.Tensor, SharedPrefix]:
         starts, members, rows, lens = self._upload(plan, len(plan.kv_starts), plan.num_blocks)

@@ -286,6 +286,21 @@ def test_decode_attention_rotates_and_stores_the_new_token(splits: int, dtype: t
     assert pool.k_buffer[loc[1]].isnan().all() and pool.v_buffer[loc[1]].isnan().all()
 
 
+@interpreted
+def test_decode_attention_refuses_rope_with_a_shared_prefix() -> None:
+    """The prefix kernel reads q before the split kernel would rotate it."""
+    pool = make_pool([8], [8], 16, 2, 64, torch.float32)
+    q, k = torch.randn(1, 8, 64), torch.randn(1, 2, 64)
+    zeros = torch.zeros(1, dtype=torch.int32)
+    shared = wk.SharedPrefix(torch.full((1, 16), -1, dtype=torch.int32), zeros, zeros, 1)
+    cache = wk.cos_sin_cache(torch.ones(32), 16)
+    rope = wk.DecodeRope(torch.tensor([7]), cache, k, k.clone(), torch.tensor([7]))
+    args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, torch.tensor([8]))
+    with pytest.raises(ValueError, match="rope cannot go with shared"):
+        wk.decode_attention(q, *args, torch.empty_like(q), 0.1, 2, kv_starts=zeros, shared=shared,
+                            rope=rope)  # fmt: skip
+
+
 # us per decode call in CUDA graphs at kv 2048, bf16, 32 q / 8 kv heads, by split count, on the
 # H200 (132 SMs; benchmarks/decode_parts.py --splits, fifteenth session; B=1 at 32 splits: sixth)
 MEASURED_SPLITS = {
