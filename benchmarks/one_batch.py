@@ -152,6 +152,7 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
     # the same weights, graphs captured again per WEFT_GEMV mode or rotary placement
     modes: list[str | None] = [f"gemv={m}" for m in args.gemv_modes or []]
     modes += [f"rope={m}" for m in args.rope_modes or []]
+    modes += [f"attn={m}" for m in args.attn_modes or []]
     if runner.graphs is None or not modes:
         modes = [None]
     for mode in modes:
@@ -160,8 +161,11 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
             key, value = mode.split("=")
             if key == "gemv":
                 runner.graphs.gemv_mode = value
-            else:
+            elif key == "rope":
                 runner.attn.fuse_rope = value == "fused"
+            else:  # the decode kernels' launch (triton backend)
+                attn: Any = runner.attn
+                attn.pdl, attn.prefetch = value != "plain", value == "prefetch"
             runner.graphs.capture()
             print(f"{backend}: {mode}: {_gemv_picks(runner)}")
         for b in args.batches:
@@ -213,6 +217,14 @@ def main() -> None:
         choices=["fused", "separate"],
         help="the same per rotary placement (triton backend): in the decode kernel (fused) or "
         "in a launch of its own before it",
+    )
+    ap.add_argument(
+        "--attn-modes",
+        nargs="+",
+        choices=["plain", "pdl", "prefetch"],
+        help="the same per launch of the decode attention kernels (triton backend): plain, as "
+        "programmatic dependents (pdl), or so with each split's first key tile loaded before "
+        "the wait (prefetch)",
     )
     args = ap.parse_args()
     bandwidth = copy_bandwidth()

@@ -58,9 +58,17 @@ DECODE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("bsz, heads, hkv, dim, page, splits, dtype", DECODE_CASES)
 def test_decode_attention(
-    bsz: int, heads: int, hkv: int, dim: int, page: int, splits: int | None, dtype: torch.dtype
+    bsz: int,
+    heads: int,
+    hkv: int,
+    dim: int,
+    page: int,
+    splits: int | None,
+    dtype: torch.dtype,
+    prefetch: bool,
 ) -> None:
     lens = ragged(bsz, 1, 2048)
     k_buffer, v_buffer, table, rows = bench.random_pool(lens, page, hkv, dim, dtype, poison=True)
@@ -71,7 +79,7 @@ def test_decode_attention(
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         splits = wk.decode_num_kv_splits(bsz, hkv, max(lens), sms)
     args = (k_buffer, v_buffer, table, rows, seq_lens)
-    wk.decode_attention(q, *args, out, dim**-0.5, splits)
+    wk.decode_attention(q, *args, out, dim**-0.5, splits, prefetch=prefetch)
     assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
 
 
@@ -338,10 +346,16 @@ def test_programmatic_dependents_in_a_graph_match_plain_launches() -> None:
     _replays_match_plain_launches(chain)
 
 
-def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches() -> None:
+@pytest.mark.parametrize("rope, prefetch", [(False, False), (False, True), (True, True)])
+def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches(
+    rope: bool, prefetch: bool
+) -> None:
     """add + RMSNorm -> qkv GEMV -> rotary (K/V into the pool) -> decode attention (split and
     reduce) -> o_proj GEMV, twice over, every launch a programmatic dependent (WEFT_PDL=all) in
-    one CUDA graph: bit for bit the plain launches' outputs and pool."""
+    one CUDA graph: bit for bit the plain launches' outputs and pool. `rope`: the rotation and
+    store in the decode kernel instead; `prefetch`: the decode split programs load their first
+    tile of keys before they wait (the new key, stored by the kernel before or by the program
+    itself, must not be among them)."""
     if not wk.supports_pdl(torch.device(DEV)):
         pytest.skip("programmatic dependent launch needs compute capability 9.0+")
     heads, kv_heads, dim, slots = 8, 2, 128, 8192
@@ -369,10 +383,13 @@ def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches() -> N
             q = qkv[:, :hidden].view(2, heads, dim)
             k = qkv[:, hidden : hidden + kv_heads * dim].view(2, kv_heads, dim)
             v = qkv[:, hidden + kv_heads * dim :].view(2, kv_heads, dim)
-            wk.rotary_embedding(positions, q, k, cache, kv_store=(v, k_pool, v_pool, loc), pdl=pdl)
+            rotate = wk.DecodeRope(positions, cache, k, v, loc) if rope else None
+            if not rope:
+                wk.rotary_embedding(positions, q, k, cache, kv_store=(v, k_pool, v_pool, loc),
+                                    pdl=pdl)  # fmt: skip
             out = torch.empty(2, heads, dim, dtype=torch.bfloat16, device=DEV)
             wk.decode_attention(q, k_pool, v_pool, table, rows, seq_lens, out, dim**-0.5, 8,
-                                pdl=pdl)  # fmt: skip
+                                pdl=pdl, rope=rotate, prefetch=prefetch)  # fmt: skip
             x = wk.gemv(out.view(2, hidden), w_o, launch=launch, pdl=pdl)
         return x, res, k_pool, v_pool
 
