@@ -91,7 +91,6 @@ def main() -> None:
         "ROPE": False,
         "SATURATE": 0.0,
         "PDL": False,
-        "PREFETCH": False,
     }
     decode = ((128, 4, 3, "fp8"), (128, 8, 3, "fp8"), (64, 4, 3, "fp8"), (32, 2, 2, "fp8"),
               (64, 4, 3, "bf16"))  # fmt: skip
@@ -99,14 +98,6 @@ def main() -> None:
         ptrs = decode_ptrs if dtype == "fp8" else {**decode_ptrs, "K_buf": BF16, "V_buf": BF16}
         rows.append((f"decode split kernel, {dtype}, {n} keys", _decode_split_kernel, ptrs,
                      {**split, **(fp8 if dtype == "fp8" else bf16), "BLOCK_N": n}, w, s))  # fmt: skip
-    # batch 1's launch: the rotation in the kernel, as a programmatic dependent, its first tile
-    # loaded before the wait or not
-    rope_ptrs = {**decode_ptrs, "K_buf": BF16, "V_buf": BF16, "Cos_sin": "*fp32", "K_new": BF16,
-                 "V_new": BF16}  # fmt: skip
-    for prefetch in (False, True):
-        rows.append((f"decode split kernel, bf16, 64 keys, rope, PDL, prefetch {prefetch}",
-                     _decode_split_kernel, rope_ptrs, {**split, **bf16, "BLOCK_N": 64,
-                     "ROPE": True, "PDL": True, "PREFETCH": prefetch}, 4, 3))  # fmt: skip
     ext = {**common, "PACK": 1, "HAS_WORK": True, "HEAD_GROUPS": 32}
     rows.append(("extend kernel, fp8 pool, 128 x 128", _extend_kernel, extend_ptrs,
                  {**ext, **fp8, "BLOCK_M": 128, "BLOCK_N": 128}, 8, 2))  # fmt: skip

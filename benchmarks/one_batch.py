@@ -165,7 +165,7 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
                 runner.attn.fuse_rope = value == "fused"
             else:  # the decode kernels' launch (triton backend)
                 attn: Any = runner.attn
-                attn.pdl, attn.prefetch = value != "plain", value == "prefetch"
+                attn.pdl = value == "pdl"
             runner.graphs.capture()
             print(f"{backend}: {mode}: {_gemv_picks(runner)}")
         for b in args.batches:
@@ -221,10 +221,9 @@ def main() -> None:
     ap.add_argument(
         "--attn-modes",
         nargs="+",
-        choices=["plain", "pdl", "prefetch"],
-        help="the same per launch of the decode attention kernels (triton backend): plain, as "
-        "programmatic dependents (pdl), or so with each split's first key tile loaded before "
-        "the wait (prefetch)",
+        choices=["plain", "pdl"],
+        help="the same per launch of the decode attention kernels (triton backend): plain or "
+        "as programmatic dependents (pdl, as under WEFT_PDL=all)",
     )
     args = ap.parse_args()
     bandwidth = copy_bandwidth()

@@ -64,75 +64,31 @@ def _attend(  # type: ignore[no-untyped-def]
     """
     if FP16_DOTS:
         q = q.to(tl.float16)
-    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    return _walk(
-        q, acc, m_i, l_i, K_buf, V_buf, Tokens, start, end, kvh, qk_scale,
-        stride_kt, stride_kh, stride_vt, stride_vh, D, BLOCK_D, BLOCK_N, DOT_PRECISION, V_STAGED,
-    )  # fmt: skip
-
-
-@triton.jit
-def _walk(  # type: ignore[no-untyped-def]
-    q,  # [BLOCK_R, BLOCK_D], float16 already when FP16_DOTS
-    acc,  # the online softmax's state so far (as _attend returns it)
-    m_i,
-    l_i,
-    K_buf,
-    V_buf,
-    Tokens,
-    start,
-    end,
-    kvh,
-    qk_scale,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    V_STAGED: tl.constexpr,
-):
-    """`_attend`'s loop from a given state: the keys at slots Tokens[start:end] folded in."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     d_mask = offs_d < D
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
         n = n0 + offs_n
         n_mask = n < end
         slot = tl.load(Tokens + n, mask=n_mask, other=0).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(K_buf + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)  # fmt: skip
-        p, alpha, m_i, l_i = _scores(q, k, n_mask, m_i, l_i, qk_scale, DOT_PRECISION)
-        # NOTE: V loaded after the scores (an fp8 pool's kernels hold fewer registers so)
-        v = tl.load(V_buf + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)  # fmt: skip
-        acc = _values(q, acc, p, alpha, v, DOT_PRECISION, V_STAGED)
+        k_ptrs = K_buf + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D] (fp8 up)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_R, N]
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])  # [BLOCK_R, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_ptrs = V_buf + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
+        v = tl.load(v_ptrs, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D]
+        if V_STAGED:
+            v = _e4m3_to_f16_here(v)
+        else:
+            v = v.to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
     return acc, m_i, l_i
-
-
-@triton.jit
-def _scores(q, k, n_mask, m_i, l_i, qk_scale, DOT_PRECISION: tl.constexpr):  # type: ignore[no-untyped-def]
-    """A tile of keys (k [BLOCK_N, BLOCK_D] as the pool stores it; n_mask: which are real)
-    against q: its probabilities p, the old state's rescale alpha, the new row max and sum."""
-    k = k.to(q.dtype)  # fp8 up
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_R, N]
-    s = tl.where(n_mask[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])  # [BLOCK_R, BLOCK_N]
-    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
-
-
-@triton.jit
-def _values(q, acc, p, alpha, v, DOT_PRECISION: tl.constexpr, V_STAGED: tl.constexpr):  # type: ignore[no-untyped-def]
-    """acc rescaled and the tile's values (v as the pool stores them) added by p (in q's type)."""
-    if V_STAGED:
-        v = _e4m3_to_f16_here(v)
-    else:
-        v = v.to(q.dtype)
-    return acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)

@@ -11,7 +11,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._check import FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor, kv_dtypes, supports_pdl
-from .attend import LOG2E, _attend, _scores, _values, _walk
+from .attend import LOG2E, _attend
 from .rotary import _rope_neox, _to_pool
 
 if TYPE_CHECKING:
@@ -92,12 +92,10 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     ROPE: tl.constexpr,  # rotate q and the new k here (neox halves, whole heads); store k, v
     SATURATE: tl.constexpr,  # (ROPE) clamp to +-SATURATE before the pool's cast (fp8), if > 0
     PDL: tl.constexpr,  # launched as a programmatic dependent: the next kernel may launch now
-    PREFETCH: tl.constexpr,  # load the split's first tile of earlier steps' keys before the wait
 ):
     if PDL:
         gdc_launch_dependents()
-        if not PREFETCH:
-            gdc_wait()
+        gdc_wait()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -110,22 +108,6 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    tokens = Req_to_token + row * stride_rr
-    if PREFETCH:
-        # NOTE: keys before the new one (seq_len - 1) were stored by earlier forward passes, and
-        # the step's metadata before the graph (or forward) began: nothing the kernels this one
-        # depends on write, so they load before the wait, during the kernel before's tail
-        offs_n = tl.arange(0, BLOCK_N)
-        n = kv_start + start + offs_n
-        ready = (n < kv_start + end) & (n < seq_len - 1)
-        slot0 = tl.load(tokens + n, mask=ready, other=0).to(tl.int64)
-        ready_d = ready[:, None] & (offs_d < D)[None, :]
-        k0 = tl.load(K_buf + slot0[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
-                     mask=ready_d, other=0.0)  # fmt: skip
-        v0 = tl.load(V_buf + slot0[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                     mask=ready_d, other=0.0)  # fmt: skip
-        if PDL:
-            gdc_wait()
     h_mask = offs_h < G
     hd_mask = h_mask[:, None] & (offs_d < D)[None, :]
     heads = kvh * G + offs_h  # [BLOCK_H] the q heads served by this kv head
@@ -153,31 +135,11 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
             q = _rope_neox(q_ptrs, offs_d, hd_mask, cos, sin, D // 2).to(Q.dtype.element_ty)
         else:
             q = tl.load(q_ptrs, mask=hd_mask, other=0.0)  # [BLOCK_H, BLOCK_D]
-        if PREFETCH:
-            if FP16_DOTS:
-                q = q.to(tl.float16)
-            n_mask = n < kv_start + end
-            if end == seq_len - kv_start:  # the new key is in this split: in the first tile?
-                fresh = n_mask & (n >= seq_len - 1)
-                slot = tl.load(tokens + n, mask=fresh, other=0).to(tl.int64)
-                fresh_d = fresh[:, None] & (offs_d < D)[None, :]
-                k0 = tl.load(K_buf + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
-                             mask=fresh_d, other=k0)  # fmt: skip
-                v0 = tl.load(V_buf + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                             mask=fresh_d, other=v0)  # fmt: skip
-            p, alpha, m_i, l_i = _scores(q, k0, n_mask, m_i, l_i, qk_scale, DOT_PRECISION)
-            acc = _values(q, acc, p, alpha, v0, DOT_PRECISION, V_STAGED)
-            acc, m_i, l_i = _walk(
-                q, acc, m_i, l_i, K_buf, V_buf, tokens, kv_start + start + BLOCK_N,
-                kv_start + end, kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
-                D, BLOCK_D, BLOCK_N, DOT_PRECISION, V_STAGED,
-            )  # fmt: skip
-        else:
-            acc, m_i, l_i = _attend(
-                q, K_buf, V_buf, tokens, kv_start + start, kv_start + end,
-                kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
-                BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
-            )  # fmt: skip
+        acc, m_i, l_i = _attend(
+            q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start, kv_start + end,
+            kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
+            BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
+        )  # fmt: skip
         if not DIRECT:
             o_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
             tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
@@ -296,7 +258,6 @@ def decode_attention(
     fp8_v_staged: bool | None = None,
     pdl: bool = False,
     rope: DecodeRope | None = None,
-    prefetch: bool = False,
 ) -> torch.Tensor:
     """Attention of each request's one query over its whole paged KV; returns `out`.
 
@@ -311,8 +272,6 @@ def decode_attention(
     (an fp8 pool under a 16-bit q; CUDA only, the default there) converts V tiles before their
     layout change (`_attend`); False sinks the conversion into the dot operand. `pdl`: the
     split and reduce kernels launch as programmatic dependents where the GPU supports it.
-    `prefetch`: each split program loads its first tile of keys (but the new one) first, which
-    with `pdl` happens before it waits for the kernel before to finish (same results).
 
     `rope` (not with `shared`): q is not rotated yet, nor is the new k, and neither k nor v is
     in the pool: each program rotates its q heads, and the program whose split ends at the new
@@ -416,7 +375,7 @@ def decode_attention(
         FP16_DOTS=fp16_dots(q, k_buffer), HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged,
         DIRECT=direct, ROPE=rope is not None,
         SATURATE=FP8_MAX if rope is not None and k_buffer.dtype == FP8_KV else 0.0,
-        PDL=pdl, PREFETCH=prefetch, launch_pdl=pdl,
+        PDL=pdl, launch_pdl=pdl,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
     if direct:

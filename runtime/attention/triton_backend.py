@@ -71,9 +71,6 @@ class TritonAttentionBackend(AttentionBackend):
             raise ValueError(f"WEFT_EXTEND_WORK must be auto, 0 or 1, got {forced!r}")
         self.use_work = pool.k[0].dtype == FP8_KV if forced == "auto" else forced == "1"
         self.pdl = pdl_mode_from_env() == "all"  # decode kernels as programmatic dependents
-        # with pdl: each decode split program loads its first tile of keys (earlier steps') before
-        # it waits for the kernel before (decode_attention's prefetch); False for the A/B
-        self.prefetch = True
         # decode steps without shared prefixes rotate q and k in the decode kernel, which
         # stores k and v too (forward_rotating); False keeps the model's rotary launch (A/B)
         self.fuse_rope = True
@@ -241,8 +238,7 @@ class TritonAttentionBackend(AttentionBackend):
         return decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.req_to_token,
                                 batch.req_rows, batch.seq_lens, torch.empty_like(q), scale,
                                 self.num_kv_splits, kv_starts=self.kv_starts, shared=self.shared,
-                                pdl=self.pdl, rope=rope,
-                                prefetch=self.pdl and self.prefetch)  # fmt: skip
+                                pdl=self.pdl, rope=rope)  # fmt: skip
 
     def _eager_plan(self, plan: SharedPrefixPlan) -> tuple[torch.Tensor, SharedPrefix]:
         starts, members, rows, lens = self._upload(plan, len(plan.kv_starts), plan.num_blocks)

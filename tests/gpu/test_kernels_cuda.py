@@ -58,17 +58,9 @@ DECODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("bsz, heads, hkv, dim, page, splits, dtype", DECODE_CASES)
 def test_decode_attention(
-    bsz: int,
-    heads: int,
-    hkv: int,
-    dim: int,
-    page: int,
-    splits: int | None,
-    dtype: torch.dtype,
-    prefetch: bool,
+    bsz: int, heads: int, hkv: int, dim: int, page: int, splits: int | None, dtype: torch.dtype
 ) -> None:
     lens = ragged(bsz, 1, 2048)
     k_buffer, v_buffer, table, rows = bench.random_pool(lens, page, hkv, dim, dtype, poison=True)
@@ -79,7 +71,7 @@ def test_decode_attention(
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         splits = wk.decode_num_kv_splits(bsz, hkv, max(lens), sms)
     args = (k_buffer, v_buffer, table, rows, seq_lens)
-    wk.decode_attention(q, *args, out, dim**-0.5, splits, prefetch=prefetch)
+    wk.decode_attention(q, *args, out, dim**-0.5, splits)
     assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
 
 
@@ -346,16 +338,12 @@ def test_programmatic_dependents_in_a_graph_match_plain_launches() -> None:
     _replays_match_plain_launches(chain)
 
 
-@pytest.mark.parametrize("rope, prefetch", [(False, False), (False, True), (True, True)])
-def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches(
-    rope: bool, prefetch: bool
-) -> None:
+@pytest.mark.parametrize("rope", [False, True])
+def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches(rope: bool) -> None:
     """add + RMSNorm -> qkv GEMV -> rotary (K/V into the pool) -> decode attention (split and
     reduce) -> o_proj GEMV, twice over, every launch a programmatic dependent (WEFT_PDL=all) in
     one CUDA graph: bit for bit the plain launches' outputs and pool. `rope`: the rotation and
-    store in the decode kernel instead; `prefetch`: the decode split programs load their first
-    tile of keys before they wait (the new key, stored by the kernel before or by the program
-    itself, must not be among them)."""
+    the store in the decode kernel instead (DecodeRope)."""
     if not wk.supports_pdl(torch.device(DEV)):
         pytest.skip("programmatic dependent launch needs compute capability 9.0+")
     heads, kv_heads, dim, slots = 8, 2, 128, 8192
@@ -389,7 +377,7 @@ def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches(
                                     pdl=pdl)  # fmt: skip
             out = torch.empty(2, heads, dim, dtype=torch.bfloat16, device=DEV)
             wk.decode_attention(q, k_pool, v_pool, table, rows, seq_lens, out, dim**-0.5, 8,
-                                pdl=pdl, rope=rotate, prefetch=prefetch)  # fmt: skip
+                                pdl=pdl, rope=rotate)  # fmt: skip
             x = wk.gemv(out.view(2, hidden), w_o, launch=launch, pdl=pdl)
         return x, res, k_pool, v_pool
 

@@ -227,14 +227,6 @@ def test_shared_prefix_matches_reference(
     check(batch, splits, dtype, block_n=block_n)
 
 
-@pytest.mark.parametrize("sc, splits", [(TWO_GROUPS, 1), (SPLIT_GROUP, 4)])
-@interpreted
-def test_own_walks_prefetched(sc: Scenario, splits: int) -> None:
-    """The members' own walks with their first tile loaded first (decode_attention's prefetch)."""
-    batch = make_batch(sc, 8, 2, 32, torch.float32, 2, block_n=16)
-    check(batch, splits, torch.float32, block_n=16, prefetch=True)
-
-
 @interpreted
 def test_graph_style_workspace_int32_and_launch_overrides() -> None:
     """A larger NaN-poisoned workspace (more rows and columns than needed), int32 indices

@@ -214,7 +214,6 @@ DECODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("heads, hkv, dim, page, splits, dtype, lens, block_n", DECODE_CASES)
 @interpreted
 def test_decode_attention(
@@ -226,17 +225,14 @@ def test_decode_attention(
     dtype: torch.dtype,
     lens: list[int],
     block_n: int | None,
-    prefetch: bool,
 ) -> None:
-    """prefetch: each split's first tile of keys loaded first, the new (last) key again after
-    (on the GPU, before and after waiting for the kernel before)."""
     pool = make_pool(lens, lens, page, hkv, dim, dtype)
     bsz = len(lens)
     q = torch.randn(bsz, heads, dim).to(dtype)
     seq_lens = torch.tensor(lens)
     out = torch.full((bsz, heads, dim), NAN, dtype=dtype)
     args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, seq_lens)
-    wk.decode_attention(q, *args, out, dim**-0.5, splits, block_n=block_n, prefetch=prefetch)
+    wk.decode_attention(q, *args, out, dim**-0.5, splits, block_n=block_n)
     assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
 
 
@@ -259,16 +255,13 @@ def test_decode_attention_workspace_padded_rows_int32(splits: int) -> None:
     assert_close(out[live], ref.decode_attention_ref(q[live], *pool_args, 0.1), 1e-5)
 
 
-@pytest.mark.parametrize("splits, prefetch", [(1, False), (4, False), (1, True), (8, True)])
+@pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @interpreted
-def test_decode_attention_rotates_and_stores_the_new_token(
-    splits: int, prefetch: bool, dtype: torch.dtype
-) -> None:
+def test_decode_attention_rotates_and_stores_the_new_token(splits: int, dtype: torch.dtype) -> None:
     """rope: the decode launch rotates q and the new k and stores k and v itself, as the rotary
     kernel (kv_store) and a plain decode launch after it do. The new tokens' slots start NaN, so
-    a missing store shows, and so does a prefetch that loads the new key before its store; a
-    padded row (seq_len 0) stores nothing."""
+    a missing store shows; a padded row (seq_len 0) stores nothing."""
     lens, dim = [37, 0, 130, 64], 64
     pool = make_pool([max(n, 1) for n in lens], [max(n - 1, 0) for n in lens], 16, 2, dim, dtype)
     seq_lens = torch.tensor(lens)
@@ -286,7 +279,7 @@ def test_decode_attention_rotates_and_stores_the_new_token(
                                splits, block_n=16)  # fmt: skip
     rope = wk.DecodeRope(positions, cache, k, v, loc)
     got = wk.decode_attention(q, pool.k_buffer, pool.v_buffer, *table, torch.full_like(q, NAN),
-                              0.125, splits, block_n=16, rope=rope, prefetch=prefetch)  # fmt: skip
+                              0.125, splits, block_n=16, rope=rope)  # fmt: skip
     assert_close(got, want, TOL[dtype])
     assert torch.equal(pool.k_buffer[loc[live]], k_pool[loc[live]])
     assert torch.equal(pool.v_buffer[loc[live]], v_pool[loc[live]])
