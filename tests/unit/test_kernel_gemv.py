@@ -55,3 +55,48 @@ def test_gemv_refuses_what_it_cannot_serve() -> None:
     with pytest.raises(ValueError, match="num_stages"):
         wk.GemvLaunch(num_stages=0)
     assert wk.skinny.supports_gemv(torch.device("cpu"))  # the interpreter runs it anywhere
+
+
+@pytest.mark.parametrize(
+    "rows, n, k, dtype, bias, launch",
+    [
+        (1, 48, 64, torch.float32, False, (16, 32, 1, 4, 2)),  # 2 tiles of K, masked n
+        (3, 40, 96, torch.float16, True, (16, 32, 2, 2, 3)),  # split_k asked: one taken
+        (16, 64, 256, torch.float16, False, (64, 64, 1, 4, 4)),  # even: unmasked W loads
+        (2, 33, 70, torch.float32, True, (16, 16, 1, 1, 1)),  # uneven n and k
+    ],
+)
+@interpreted
+def test_gemv_with_a_folded_norm(
+    rows: int, n: int, k: int, dtype: torch.dtype, bias: bool, launch: tuple
+) -> None:
+    """norm: the projection of rmsnorm(x + residual) * weight, x + residual written to
+    residual_out as fused_add_rmsnorm writes it (rounded to the dtype), nothing else touched."""
+    x = torch.randn(rows + 2, k).to(dtype)[1:-1]
+    residual = torch.randn(rows, k).to(dtype)
+    gamma = (1 + 0.1 * torch.randn(k)).to(dtype)
+    weight = (torch.randn(n, k) / k**0.5).to(dtype)
+    b = torch.randn(n).to(dtype) if bias else None
+    x0, r0 = x.clone(), residual.clone()
+    res_out = torch.full_like(residual, NAN)
+    out = torch.full((rows, n), NAN, dtype=dtype)
+    norm = wk.GemvNorm(residual, gamma, 1e-5, res_out)
+    wk.gemv(x, weight, b, out=out, launch=wk.GemvLaunch(*launch), norm=norm)
+    h = (x.float() + residual.float()).to(dtype)
+    assert torch.equal(res_out, h)
+    assert torch.equal(x, x0) and torch.equal(residual, r0)
+    want = ref.gemv_ref(ref.rmsnorm_ref(h, gamma, 1e-5), weight.float(), b)
+    assert_close(out, want, TOL[dtype])
+
+
+@interpreted
+def test_gemv_refuses_a_norm_it_cannot_fold() -> None:
+    x, weight = torch.randn(2, 32), torch.randn(16, 32)
+    gamma, res = torch.ones(32), torch.randn(2, 32)
+    with pytest.raises(ValueError, match="norm and silu_mul"):
+        wk.gemv(torch.randn(2, 64), weight, silu_mul=True,
+                norm=wk.GemvNorm(res, gamma, 1e-5, torch.empty(2, 32)))  # fmt: skip
+    with pytest.raises(ValueError, match="must not be x or norm.residual"):
+        wk.gemv(x, weight, norm=wk.GemvNorm(res, gamma, 1e-5, res))
+    with pytest.raises(ValueError, match="the same strides"):
+        wk.gemv(x, weight, norm=wk.GemvNorm(res, gamma, 1e-5, torch.empty(2, 40)[:, :32]))
