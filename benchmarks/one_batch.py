@@ -165,10 +165,12 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
                 runner.graphs.gemv_mode = value
             elif key == "rope":
                 runner.attn.fuse_rope = value == "fused"
-            elif key == "fold":
+            elif key == "fold":  # on: qkv and gate_up; qkv: only qkv
                 for m in runner.model.modules():
                     if isinstance(m, Projection):
                         m.fold_norm = value == "on"
+                for layer in model.layers:
+                    layer.self_attn.qkv_proj.fold_norm = value != "off"
             else:  # the decode kernels' launch (triton backend)
                 attn: Any = runner.attn
                 attn.pdl = value == "pdl"
@@ -234,9 +236,9 @@ def main() -> None:
     ap.add_argument(
         "--fold-modes",
         nargs="+",
-        choices=["on", "off"],
+        choices=["on", "qkv", "off"],
         help="the same with the residual-add + RMSNorm folded into the GEMV where it serves "
-        "(on) or in its own launch (off)",
+        "(on: before qkv and gate_up; qkv: there only) or in its own launch (off)",
     )
     args = ap.parse_args()
     bandwidth = copy_bandwidth()

@@ -155,7 +155,7 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
         gdc_wait()
     dtype = W.dtype.element_ty
     acc = tl.zeros([BLOCK_N, 16], tl.float32)
-    squares = tl.zeros([16], tl.float32)  # NORM: each row's sum of h^2 so far
+    squares = tl.zeros([BLOCK_K, 16], tl.float32)  # NORM: h^2 so far, summed over K at the end
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + offs_k
         k_mask = k < k_hi
@@ -164,12 +164,12 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
             xt, h = _normed_xt_tile(X, Res, Gamma, Res_out, offs_m, k, m_mask, k_mask, stride_xm,
                                     stride_rm, tl.where(tl.program_id(0) == 0, M, 0),
                                     dtype)  # fmt: skip
-            squares += tl.sum(h * h, 0)
+            squares += h * h
         else:
             xt = _xt_tile(X, offs_m, k, m_mask, k_mask, stride_xm, K, dtype, SILU_MUL)
         acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
     if NORM:  # 1 / rms, a per-row factor, applied once to the dot's sums
-        acc = acc * tl.rsqrt(squares / K + eps)[None, :]
+        acc = acc * tl.rsqrt(tl.sum(squares, 0) / K + eps)[None, :]
     _finish(
         tl.trans(acc), Bias, Out, offs_m, offs_n, m_mask, n_mask, pid_k, M, N, SPLIT_K, HAS_BIAS
     )
