@@ -40,9 +40,7 @@ def compile_sm90(fn: Any, pointers: dict[str, str], const: dict[str, Any], warps
     # capitalised arguments are pointers (int32 indices unless given), the others int32
     sig = {n: pointers.get(n, "*i32" if n[0].isupper() else "i32") for n in names}
     sig.update(dict.fromkeys(const, "constexpr"))
-    for name in ("qk_scale", "eps"):
-        if name in sig:
-            sig[name] = "fp32"
+    sig["qk_scale"] = "fp32"
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
                if n not in const and (n[0].isupper() or n.startswith("stride_"))}  # fmt: skip
     constexprs = {(names.index(k),): v for k, v in const.items()}

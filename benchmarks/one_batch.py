@@ -27,7 +27,6 @@ from weft.runtime.batch import Batch, ForwardMode
 from weft.runtime.config import EngineConfig
 from weft.runtime.loader import read_hf_config
 from weft.runtime.model_runner import ModelRunner
-from weft.runtime.models.layers import Projection
 from weft.runtime.request import Req
 from weft.runtime.sampling_params import SamplingParams
 
@@ -154,7 +153,6 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
     modes: list[str | None] = [f"gemv={m}" for m in args.gemv_modes or []]
     modes += [f"rope={m}" for m in args.rope_modes or []]
     modes += [f"attn={m}" for m in args.attn_modes or []]
-    modes += [f"fold={m}" for m in args.fold_modes or []]
     if runner.graphs is None or not modes:
         modes = [None]
     for mode in modes:
@@ -165,12 +163,6 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
                 runner.graphs.gemv_mode = value
             elif key == "rope":
                 runner.attn.fuse_rope = value == "fused"
-            elif key == "fold":  # on: qkv and gate_up; qkv: only qkv
-                for m in runner.model.modules():
-                    if isinstance(m, Projection):
-                        m.fold_norm = value == "on"
-                for layer in model.layers:
-                    layer.self_attn.qkv_proj.fold_norm = value != "off"
             else:  # the decode kernels' launch (triton backend)
                 attn: Any = runner.attn
                 attn.pdl = value == "pdl"
@@ -232,13 +224,6 @@ def main() -> None:
         choices=["plain", "pdl"],
         help="the same per launch of the decode attention kernels (triton backend): plain or "
         "as programmatic dependents (pdl, as under WEFT_PDL=all)",
-    )
-    ap.add_argument(
-        "--fold-modes",
-        nargs="+",
-        choices=["on", "qkv", "off"],
-        help="the same with the residual-add + RMSNorm folded into the GEMV where it serves "
-        "(on: before qkv and gate_up; qkv: there only) or in its own launch (off)",
     )
     args = ap.parse_args()
     bandwidth = copy_bandwidth()

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .norm import fused_add_rmsnorm, rmsnorm
     from .rotary import cos_sin_cache, rotary_embedding
     from .shared_prefix import SharedPrefix
-    from .skinny import GemvLaunch, GemvNorm, gemv
+    from .skinny import GemvLaunch, gemv
     from .splits import decode_num_kv_splits
 
 _EXPORTS = {
@@ -30,7 +30,6 @@ _EXPORTS = {
     "FP8_KV": "_check",
     "FP8_MAX": "_check",
     "GemvLaunch": "skinny",
-    "GemvNorm": "skinny",
     "SharedPrefix": "shared_prefix",
     "apply_token_bitmask": "bitmask",
     "argmax_rows": "argmax",
@@ -55,7 +54,6 @@ __all__ = [
     "FP8_KV",
     "FP8_MAX",
     "GemvLaunch",
-    "GemvNorm",
     "SharedPrefix",
     "apply_token_bitmask",
     "argmax_rows",

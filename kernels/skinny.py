@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 import triton
@@ -41,36 +40,6 @@ class GemvLaunch:
                              f"got {self.block_n} and {self.block_k}")  # fmt: skip
         if self.num_stages < 1:
             raise ValueError(f"GemvLaunch.num_stages must be >= 1, got {self.num_stages}")
-
-
-class GemvNorm(NamedTuple):
-    """A fused residual-add + RMSNorm folded into a gemv launch: the projection of
-    rmsnorm(x + residual) * weight, with x + residual (rounded to its dtype) written to
-    `residual_out`, what fused_add_rmsnorm leaves in `residual`."""
-
-    residual: torch.Tensor  # [M, K]
-    weight: torch.Tensor  # [K] the norm's scale
-    eps: float
-    residual_out: torch.Tensor  # [M, K], not `residual` itself (other programs still read it)
-
-
-@triton.jit
-def _normed_xt_tile(  # type: ignore[no-untyped-def]
-    X, Res, Gamma, Res_out, offs_m, k, m_mask, k_mask, stride_xm, stride_rm, store_rows,
-    DTYPE: tl.constexpr,
-):  # fmt: skip
-    """(h * gamma)^T in DTYPE as a dot operand and h^T in float32, h = x + residual rounded to
-    DTYPE (its first store_rows rows stored to Res_out): a folded RMSNorm's tile, before its
-    1 / rms."""
-    mask = k_mask[:, None] & m_mask[None, :]
-    x = tl.load(X + offs_m[None, :] * stride_xm + k[:, None], mask=mask, other=0.0)
-    r = tl.load(Res + offs_m[None, :] * stride_rm + k[:, None], mask=mask, other=0.0)
-    h = (x.to(tl.float32) + r.to(tl.float32)).to(DTYPE)
-    store = mask & (offs_m < store_rows)[None, :]
-    tl.store(Res_out + offs_m[None, :] * stride_rm + k[:, None], h, mask=store)
-    h = h.to(tl.float32)
-    gamma = tl.load(Gamma + k, mask=k_mask, other=0.0).to(tl.float32)
-    return (h * gamma[:, None]).to(DTYPE), h
 
 
 @triton.jit
@@ -121,17 +90,12 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
     W,  # [N, K]
     Bias,  # [N] (when HAS_BIAS)
     Out,  # [M, N] in W's dtype; or [SPLIT_K, M, N] float32 partial sums when SPLIT_K > 1
-    Res,  # [M, K] (when NORM, as the two below): the residual stream
-    Gamma,  # [K] the norm's scale
-    Res_out,  # [M, K] x + residual, written by the first program
     M,
     N,
     K,
     K_SLICE,  # K per split, a multiple of BLOCK_K
     stride_xm,
     stride_wn,
-    stride_rm,  # Res's and Res_out's
-    eps,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
@@ -140,7 +104,6 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
     SILU_MUL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 weights (no tf32 rounding)
     PDL: tl.constexpr,  # launched as a programmatic dependent (see gemv)
-    NORM: tl.constexpr,  # x -> rmsnorm(x + Res) * Gamma folded in (SPLIT_K 1, see GemvNorm)
 ):
     pid_k = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -155,21 +118,12 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
         gdc_wait()
     dtype = W.dtype.element_ty
     acc = tl.zeros([BLOCK_N, 16], tl.float32)
-    squares = tl.zeros([BLOCK_K, 16], tl.float32)  # NORM: h^2 so far, summed over K at the end
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + offs_k
         k_mask = k < k_hi
         w = _w_tile(W, offs_n, k, n_mask, k_mask, stride_wn, EVEN)
-        if NORM:
-            xt, h = _normed_xt_tile(X, Res, Gamma, Res_out, offs_m, k, m_mask, k_mask, stride_xm,
-                                    stride_rm, tl.where(tl.program_id(0) == 0, M, 0),
-                                    dtype)  # fmt: skip
-            squares += h * h
-        else:
-            xt = _xt_tile(X, offs_m, k, m_mask, k_mask, stride_xm, K, dtype, SILU_MUL)
+        xt = _xt_tile(X, offs_m, k, m_mask, k_mask, stride_xm, K, dtype, SILU_MUL)
         acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
-    if NORM:  # 1 / rms, a per-row factor, applied once to the dot's sums
-        acc = acc * tl.rsqrt(tl.sum(squares, 0) / K + eps)[None, :]
     _finish(
         tl.trans(acc), Bias, Out, offs_m, offs_n, m_mask, n_mask, pid_k, M, N, SPLIT_K, HAS_BIAS
     )
@@ -210,7 +164,6 @@ def gemv(
     out: torch.Tensor | None = None,  # [M, N], contiguous
     launch: GemvLaunch | None = None,
     pdl: bool = False,
-    norm: GemvNorm | None = None,
 ) -> torch.Tensor:
     """x @ weight.T (+ bias) summed in float32 and rounded once, for M <= MAX_ROWS rows.
 
@@ -221,13 +174,7 @@ def gemv(
     With `pdl` (CUDA, compute capability 9.0+; elsewhere ignored) the launches are programmatic
     dependents: each may start while the kernel before it finishes and lets the next one launch
     at once; its programs wait for the kernel before (griddepcontrol.wait) before they touch x
-    or write anything. The launch ramps overlap the kernels' tails.
-
-    With `norm` (not with silu_mul) the product is taken with rmsnorm(x + norm.residual) *
-    norm.weight, the sum also stored to norm.residual_out: fused_add_rmsnorm's launch folded in.
-    Every program then walks all of K (the launch's split_k is taken as 1), summing the rows'
-    squares as it goes, and scales its sums by 1 / rms at the end; so x + residual is rounded
-    as fused_add_rmsnorm rounds it, the normalised x is not (h * weight is, before the dot)."""
+    or write anything. The launch ramps overlap the kernels' tails."""
     rows, width = x.shape
     n, k = weight.shape
     if not 1 <= rows <= MAX_ROWS:
@@ -248,20 +195,8 @@ def gemv(
     check_tensor(out, "out", (rows, n), (weight.dtype,), weight.device)
     assert out.is_contiguous(), "gemv: out must be contiguous"
     launch = launch or GemvLaunch()
-    res, gamma, eps, res_out = (x, weight, 0.0, x) if norm is None else norm  # NOTE: unread then
-    if norm is not None:
-        if silu_mul:
-            raise ValueError("gemv: norm and silu_mul do not go together")
-        check_tensor(res, "norm.residual", (rows, k), (weight.dtype,), weight.device)
-        check_tensor(gamma, "norm.weight", (k,), floats, weight.device)
-        check_tensor(res_out, "norm.residual_out", (rows, k), (weight.dtype,), weight.device)
-        if res.stride() != res_out.stride():
-            raise ValueError(f"gemv: norm.residual and norm.residual_out need the same strides, "
-                             f"got {res.stride()} and {res_out.stride()}")  # fmt: skip
-        if res_out.data_ptr() in (res.data_ptr(), x.data_ptr()):
-            raise ValueError("gemv: norm.residual_out must not be x or norm.residual")
-    # each split's K slice a whole number of tiles; fewer splits where K is short (one: norm)
-    split = 1 if norm is not None else max(1, min(launch.split_k, triton.cdiv(k, launch.block_k)))
+    # each split's K slice a whole number of tiles; fewer splits where K is short
+    split = max(1, min(launch.split_k, triton.cdiv(k, launch.block_k)))
     k_slice = triton.cdiv(triton.cdiv(k, split), launch.block_k) * launch.block_k
     split = triton.cdiv(k, k_slice)
     even = n % launch.block_n == 0 and k % k_slice == 0  # k_slice: whole tiles by construction
@@ -272,12 +207,11 @@ def gemv(
     common = {"BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k, "SPLIT_K": split,
               "EVEN": even, "HAS_BIAS": bias is not None, "SILU_MUL": silu_mul,
               "num_warps": launch.num_warps, "num_stages": launch.num_stages}  # fmt: skip
-    args = (x, weight, bias if bias is not None else weight, target, res, gamma, res_out, rows, n,
-            k, k_slice, x.stride(0), weight.stride(0), res.stride(0), eps)  # fmt: skip
+    args = (x, weight, bias if bias is not None else weight, target, rows, n, k, k_slice,
+            x.stride(0), weight.stride(0))  # fmt: skip
     precision = "ieee" if weight.dtype == torch.float32 else "tf32"
     pdl = pdl and supports_pdl(weight.device)
-    _gemv_kernel[grid](*args, DOT_PRECISION=precision, PDL=pdl, NORM=norm is not None,
-                       launch_pdl=pdl, **common)  # fmt: skip
+    _gemv_kernel[grid](*args, DOT_PRECISION=precision, PDL=pdl, launch_pdl=pdl, **common)
     if split > 1:
         block = 1024
         _split_sum_kernel[(triton.cdiv(rows * n, block),)](

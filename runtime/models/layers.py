@@ -31,29 +31,9 @@ class Projection(nn.Linear):
         self.gated = gated
         self.gemv_launches: dict[int, Any] = {}  # batch rows -> weft.kernels.GemvLaunch
         self.pdl = False  # the GEMV launches as a programmatic dependent (use_kernels)
-        # where the GEMV serves a batch, the residual-add + RMSNorm before the projection runs
-        # inside it (RMSNorm.add_forward_into); False keeps the norm's own launch (A/B)
-        self.fold_norm = True
 
     def use_kernels(self) -> None:
         self.pdl = pdl_mode_from_env() != "off"
-
-    def folds_norm(self, rows: int) -> bool:
-        return self.fold_norm and rows in self.gemv_launches and not self.gated
-
-    def forward_normed(
-        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(self(norm(x + residual)), x + residual) in one GEMV launch (see folds_norm); the sum
-        goes to a new tensor, x and residual are left as they are."""
-        from weft.kernels import GemvNorm, gemv
-
-        out_residual = torch.empty_like(residual)
-        folded = GemvNorm(residual, norm.weight, norm.eps, out_residual)
-        launch = self.gemv_launches[x.shape[0]]
-        return gemv(
-            x, self.weight, self.bias, launch=launch, pdl=self.pdl, norm=folded
-        ), out_residual
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         launch = self.gemv_launches.get(x.shape[0])
@@ -110,16 +90,6 @@ class RMSNorm(nn.Module):
             return x, residual
         residual = x + residual
         return self.forward(residual), residual
-
-    def add_forward_into(
-        self, x: torch.Tensor, residual: torch.Tensor, proj: Projection
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(proj(norm(x + residual)), x + residual); where proj's GEMV serves these rows, the
-        norm runs inside its launch (Projection.forward_normed)."""
-        if self._kernels is not None and proj.folds_norm(x.shape[0]):
-            return proj.forward_normed(x, residual, self)
-        x, residual = self.add_forward(x, residual)
-        return proj(x), residual
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -53,11 +53,9 @@ class LlamaAttention(nn.Module):
         self.rotary = RotaryEmbedding(self.head_dim, max_positions, rope_parameters(config))
         self.sliding_window = sliding_window_of(config)
 
-    def forward(
-        self, qkv: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend
-    ) -> torch.Tensor:
-        """qkv: [T, q + 2 kv] qkv_proj of the normed input (the layer runs the projection, so
-        the norm can fold into it) -> o_proj's [T, hidden]."""
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        # x: [T, hidden]
+        qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -88,9 +86,8 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = Projection(config.hidden_size, 2 * self.inter)
         self.down_proj = Projection(self.inter, config.hidden_size, gated=True)
 
-    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """gate_up: gate_up_proj of the normed input (run by the layer, as qkv_proj is)."""
-        return self.tp.all_reduce(self.down_proj.forward_gated(gate_up, self.act))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(self.down_proj.forward_gated(self.gate_up_proj(x), self.act))
 
     def use_kernels(self) -> None:
         from weft.kernels import silu_and_mul as silu_and_mul_kernel
@@ -116,17 +113,14 @@ class LlamaDecoderLayer(nn.Module):
         """(this layer's MLP output, the residual stream before it); the next layer (or the final
         norm) adds the two: `h = h + attn(norm(h)); h = h + mlp(norm(h))` with the adds fused
         into the norms."""
-        qkv_proj, gate_up_proj = self.self_attn.qkv_proj, self.mlp.gate_up_proj
         if residual is None:
             residual = x
-            qkv = qkv_proj(self.input_layernorm(x))
+            x = self.input_layernorm(x)
         else:
-            qkv, residual = self.input_layernorm.add_forward_into(x, residual, qkv_proj)
-        x = self.self_attn(qkv, batch, attn)
-        gate_up, residual = self.post_attention_layernorm.add_forward_into(
-            x, residual, gate_up_proj
-        )
-        return self.mlp(gate_up), residual
+            x, residual = self.input_layernorm.add_forward(x, residual)
+        x = self.self_attn(x, batch, attn)
+        x, residual = self.post_attention_layernorm.add_forward(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
