@@ -22,14 +22,13 @@
 #   bash benchmarks/run_h200_next.sh nogap    # host vs device per decode step, radix cache on
 #                                             # and off, 128 x 2176/256 (the gap it looked for
 #                                             # closed in the twelfth session: on / off 1.000)
-#   bash benchmarks/run_h200_next.sh gemv     # the GPU tests the twenty-first session could not
-#                                             # run or re-run: the decode kernel's rotation (k
-#                                             # stored bit for bit as the rotary kernel's), the
-#                                             # engine's bf16 greedy comparison (its new logprob
-#                                             # check), the graph cases; PASSED lines kept
+#   bash benchmarks/run_h200_next.sh gemv     # GPU tests of the batch-1 path: the decode kernel's
+#                                             # rotation (k stored bit for bit as the rotary
+#                                             # kernel's), the engine's bf16 greedy comparison,
+#                                             # the graph cases (13 passed, twenty-second session)
 #   bash benchmarks/run_h200_next.sh gemvstep # decode steps with the rotation in the decode kernel
 #                                             # or its own launch (twice) under WEFT_PDL=on and
-#                                             # =all (all: not yet measured)
+#                                             # =all (all: no gain, twenty-second session)
 #   bash benchmarks/run_h200_fp8.sh prefix    # prefix sharing end to end
 # NOTE: never `git checkout HEAD -- ...` on the device: its copy carries the .git of the landed
 # main, so that restores the session's starting code (tenth session, calls 4-5).
