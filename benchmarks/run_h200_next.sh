@@ -29,6 +29,10 @@
 #   bash benchmarks/run_h200_next.sh gemvstep # decode steps with the rotation in the decode kernel
 #                                             # or its own launch (twice) under WEFT_PDL=on and
 #                                             # =all (all: no gain, twenty-second session)
+#   bash benchmarks/run_h200_next.sh trace    # the batch-1 and -8 decode steps kernel by kernel,
+#                                             # programmatic dependents on and off: what each
+#                                             # kernel adds to the step (marginal time), where the
+#                                             # 1.19x goes (the next batch-1 attempt starts here)
 #   bash benchmarks/run_h200_fp8.sh prefix    # prefix sharing end to end
 # NOTE: never `git checkout HEAD -- ...` on the device: its copy carries the .git of the landed
 # main, so that restores the session's starting code (tenth session, calls 4-5).
@@ -98,5 +102,14 @@ case "${1:-}" in
         | grep -v Warning | tee -a "$OUT/rope_modes.log"
     done
     ;;
-  *) echo "usage: $0 checks|extend|extprof|tune|nogap|gemv|gemvstep" >&2; exit 2 ;;
+  trace)
+    cd benchmarks
+    for pdl in on off; do
+      echo "== WEFT_PDL=$pdl" | tee -a "$OUT/trace.log"
+      WEFT_PDL=$pdl timeout "${TRACE_S:-200}" python3 profile_step.py runner --batches 1 8 \
+        --reps 5 --rows 20 2>&1 | grep -v Warning | tee -a "$OUT/trace.log" \
+        | grep -A 45 "^== decode\|^per step"
+    done
+    ;;
+  *) echo "usage: $0 checks|extend|extprof|tune|nogap|gemv|gemvstep|trace" >&2; exit 2 ;;
 esac
