@@ -149,7 +149,8 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
                 "TFLOP/s": flops / t / 1e12,
             }
         )
-    # the same weights, graphs captured again per WEFT_GEMV mode or rotary placement
+    # the same weights, graphs captured again per WEFT_GEMV mode, rotary placement or the
+    # decode attention kernels' launch
     modes: list[str | None] = [f"gemv={m}" for m in args.gemv_modes or []]
     modes += [f"rope={m}" for m in args.rope_modes or []]
     modes += [f"attn={m}" for m in args.attn_modes or []]
@@ -159,12 +160,12 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
         if mode is not None:
             assert runner.graphs is not None
             key, value = mode.split("=")
+            attn: Any = runner.attn  # rope and attn: the triton backend's switches
             if key == "gemv":
                 runner.graphs.gemv_mode = value
             elif key == "rope":
-                runner.attn.fuse_rope = value == "fused"
-            else:  # the decode kernels' launch (triton backend)
-                attn: Any = runner.attn
+                attn.fuse_rope = value == "fused"
+            else:
                 attn.pdl = value == "pdl"
             runner.graphs.capture()
             print(f"{backend}: {mode}: {_gemv_picks(runner)}")

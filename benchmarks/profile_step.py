@@ -138,9 +138,9 @@ def timeline_report(gpu: list[dict[str, Any]], steps: int, rows: int = 12) -> li
     end = gpu[0]["ts"]
     for i, e in enumerate(gpu):
         start, dur = e["ts"], e.get("dur", 0)
-        if i and 0 < start - end < 50:  # inside a step (longer: between steps, host work)
+        if 0 < start - end < 50:  # inside a step (longer: between steps, host work)
             gaps.append((start - end, gpu[i - 1]["name"][:45], e["name"][:45]))
-        early += i > 0 and start < end
+        early += int(start < end)
         name = e["name"][:60]
         marginal.setdefault(name, []).append((max(0.0, start + dur - max(end, start)), dur))
         end = max(end, start + dur)

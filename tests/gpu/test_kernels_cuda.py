@@ -371,8 +371,10 @@ def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches(rope: 
             q = qkv[:, :hidden].view(2, heads, dim)
             k = qkv[:, hidden : hidden + kv_heads * dim].view(2, kv_heads, dim)
             v = qkv[:, hidden + kv_heads * dim :].view(2, kv_heads, dim)
-            rotate = wk.DecodeRope(positions, cache, k, v, loc) if rope else None
-            if not rope:
+            rotate = None
+            if rope:
+                rotate = wk.DecodeRope(positions, cache, k, v, loc)
+            else:
                 wk.rotary_embedding(positions, q, k, cache, kv_store=(v, k_pool, v_pool, loc),
                                     pdl=pdl)  # fmt: skip
             out = torch.empty(2, heads, dim, dtype=torch.bfloat16, device=DEV)
