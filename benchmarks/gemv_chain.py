@@ -3,6 +3,7 @@ CUDA graph, back to back over distinct (cold) weights of Llama-3.1-8B's projecti
 lm_head; first a one-row decode layer without attention (cuBLAS or GEMV, PDL or not).
 
     python benchmarks/gemv_chain.py [--rows 1 8 16] [--layers 12] [--layers-only] [--quick]
+                                    [--shapes qkv o_proj] [--sum-launch]
 
 Per shape and row count: microseconds per projection (the graph's time / layers) and the share
 of the copy ceiling measured in the same run over the weight's bytes; every launch's output is
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -60,8 +62,11 @@ def graph_us(op: Callable[[torch.Tensor], object], weights: list[torch.Tensor], 
 
 
 def _name(launch: GemvLaunch) -> str:
+    summed = (
+        "" if launch.split_k == 1 else " summed here" if launch.sum_here else " summed by a launch"
+    )
     return (f"n {launch.block_n:3} k {launch.block_k:4} split {launch.split_k} "
-            f"warps {launch.num_warps} stages {launch.num_stages}")  # fmt: skip
+            f"warps {launch.num_warps} stages {launch.num_stages}{summed}")  # fmt: skip
 
 
 # per shape, the launch for the layer chain (the gemv_chain winners on the H200)
@@ -177,6 +182,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--layers-only", action="store_true", help="only the layer chain")
     parser.add_argument("--quick", action="store_true", help="the first four launches only")
+    parser.add_argument("--shapes", nargs="+", choices=[s[0] for s in SHAPES],
+                        help="only these projections (default: all)")  # fmt: skip
+    parser.add_argument("--sum-launch", action="store_true",
+                        help="split-K launches also with their sum in a launch of its own")  # fmt: skip
     args = parser.parse_args()
     assert torch.cuda.is_available(), "benchmarks/gemv_chain.py needs CUDA"
     torch.manual_seed(0)
@@ -187,7 +196,11 @@ def main() -> None:
     if args.layers_only:
         return
     launches = QUICK if args.quick else LAUNCHES
+    if args.sum_launch:
+        launches = launches + [replace(c, sum_here=False) for c in launches if c.split_k > 1]
     for name, n, k, silu in SHAPES:
+        if args.shapes and name not in args.shapes:
+            continue
         bench_shape(name, n, k, silu, args.rows, args.layers, launches, ceiling, args.reps)
 
 

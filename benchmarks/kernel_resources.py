@@ -40,7 +40,8 @@ def compile_sm90(fn: Any, pointers: dict[str, str], const: dict[str, Any], warps
     # capitalised arguments are pointers (int32 indices unless given), the others int32
     sig = {n: pointers.get(n, "*i32" if n[0].isupper() else "i32") for n in names}
     sig.update(dict.fromkeys(const, "constexpr"))
-    sig["qk_scale"] = "fp32"
+    if "qk_scale" in sig:
+        sig["qk_scale"] = "fp32"
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
                if n not in const and (n[0].isupper() or n.startswith("stride_"))}  # fmt: skip
     constexprs = {(names.index(k),): v for k, v in const.items()}
@@ -88,6 +89,8 @@ def main() -> None:
         "PREFIX_BLOCK_N": 128,
         "HAS_KV_STARTS": False,
         "DIRECT": False,
+        "SUM_HERE": False,
+        "BLOCK_S": 32,
         "ROPE": False,
         "SATURATE": 0.0,
         "PDL": False,
@@ -98,6 +101,9 @@ def main() -> None:
         ptrs = decode_ptrs if dtype == "fp8" else {**decode_ptrs, "K_buf": BF16, "V_buf": BF16}
         rows.append((f"decode split kernel, {dtype}, {n} keys", _decode_split_kernel, ptrs,
                      {**split, **(fp8 if dtype == "fp8" else bf16), "BLOCK_N": n}, w, s))  # fmt: skip
+    ptrs = {**decode_ptrs, "K_buf": BF16, "V_buf": BF16}
+    rows.append(("decode split kernel, bf16, 64 keys, merged by the last", _decode_split_kernel,
+                 ptrs, {**split, **bf16, "BLOCK_N": 64, "SUM_HERE": True}, 4, 3))  # fmt: skip
     ext = {**common, "PACK": 1, "HAS_WORK": True, "HEAD_GROUPS": 32}
     rows.append(("extend kernel, fp8 pool, 128 x 128", _extend_kernel, extend_ptrs,
                  {**ext, **fp8, "BLOCK_M": 128, "BLOCK_N": 128}, 8, 2))  # fmt: skip

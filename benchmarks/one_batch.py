@@ -154,6 +154,7 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
     modes: list[str | None] = [f"gemv={m}" for m in args.gemv_modes or []]
     modes += [f"rope={m}" for m in args.rope_modes or []]
     modes += [f"attn={m}" for m in args.attn_modes or []]
+    modes += [f"sum={m}" for m in args.sum_modes or []]
     if runner.graphs is None or not modes:
         modes = [None]
     for mode in modes:
@@ -163,6 +164,8 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
             attn: Any = runner.attn  # rope and attn: the triton backend's switches
             if key == "gemv":
                 runner.graphs.gemv_mode = value
+            elif key == "sum":  # who sums split K (GEMV) and split KV (decode attention)
+                runner.graphs.sum_here = attn.sum_here = value == "here"
             elif key == "rope":
                 attn.fuse_rope = value == "fused"
             else:
@@ -225,6 +228,13 @@ def main() -> None:
         choices=["plain", "pdl"],
         help="the same per launch of the decode attention kernels (triton backend): plain or "
         "as programmatic dependents (pdl, as under WEFT_PDL=all)",
+    )
+    ap.add_argument(
+        "--sum-modes",
+        nargs="+",
+        choices=["here", "launch"],
+        help="the same per WEFT_SPLIT_SUM: split-K GEMVs and split-KV decode attention summed "
+        "by each tile's last program (here) or by a launch of their own",
     )
     args = ap.parse_args()
     bandwidth = copy_bandwidth()

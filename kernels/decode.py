@@ -11,6 +11,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._check import FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor, kv_dtypes, supports_pdl
+from .arrivals import arrival_counters
 from .attend import LOG2E, _attend
 from .rotary import _rope_neox, _to_pool
 
@@ -55,6 +56,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     K_new,  # [B, Hkv, D] the new token's k, not yet rotated, and its v
     V_new,
     Loc,  # [B] the new token's slot
+    Counters,  # [B * Hkv] int32 arrivals per (request, kv head), zeros (SUM_HERE)
     qk_scale,  # softmax scale * log2(e)
     num_splits,
     num_prefix_splits,  # columns col0.. hold the shared prefix's splits (DIRECT, HAS_KV_STARTS)
@@ -89,6 +91,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     HAS_KV_STARTS: tl.constexpr,
     V_STAGED: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: merge the prefix's columns (if any) here and write Out
+    SUM_HERE: tl.constexpr,  # (not DIRECT, nor HAS_KV_STARTS) the last split to arrive merges
+    BLOCK_S: tl.constexpr,  # (SUM_HERE) >= num_splits
     ROPE: tl.constexpr,  # rotate q and the new k here (neox halves, whole heads); store k, v
     SATURATE: tl.constexpr,  # (ROPE) clamp to +-SATURATE before the pool's cast (fp8), if > 0
     PDL: tl.constexpr,  # launched as a programmatic dependent: the next kernel may launch now
@@ -145,6 +149,19 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
             tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
             lse_ptrs = Part_lse + b * stride_lb + heads * stride_lh + split
             tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=h_mask)
+    if SUM_HERE:  # every split arrives, walked or not; the last merges the group's q heads
+        tl.debug_barrier()  # every thread's partial stored before the arrival is counted
+        group = Counters + b * tl.num_programs(1) + kvh
+        if tl.atomic_add(group, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
+            _, _, split_len = _split_range(seq_len - kv_start, num_splits, 0, BLOCK_N)
+            used = tl.cdiv(seq_len - kv_start, tl.maximum(split_len, 1))
+            for i in tl.static_range(G):
+                h = kvh * G + i
+                _merge_columns(Part_o + b * stride_ob + h * stride_oh,
+                               Part_lse + b * stride_lb + h * stride_lh,
+                               Out + b * stride_outb + h * stride_outh, used, 0, 0, stride_os,
+                               D, BLOCK_D, BLOCK_S, True)  # fmt: skip
+            tl.atomic_xchg(group, 0, sem="relaxed", scope="gpu")  # ready for the next launch
     if DIRECT:
         if HAS_KV_STARTS:
             # the prefix kernel ran first: fold its used columns into (acc, m_i, l_i); a column
@@ -195,8 +212,7 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     HAS_KV_STARTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """All of a (request, q head)'s partial results merged in one pass (no loop of dependent
-    loads: at batch 1 with 32+ splits a serial merge is latency-bound)."""
+    """All of a (request, q head)'s partial results merged (_merge_columns)."""
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
@@ -213,18 +229,41 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     used = tl.cdiv(own, tl.maximum(split_len, 1))
     _, _, prefix_split_len = _split_range(kv_start, num_prefix_splits, 0, PREFIX_BLOCK_N)
     used_prefix = tl.cdiv(kv_start, tl.maximum(prefix_split_len, 1))
+    _merge_columns(Part_o + b * stride_ob + h * stride_oh, Part_lse + b * stride_lb + h * stride_lh,
+                   Out + b * stride_outb + h * stride_outh, used, used_prefix, col0, stride_os,
+                   D, BLOCK_D, BLOCK_S, False)  # fmt: skip
+
+
+@triton.jit
+def _merge_columns(  # type: ignore[no-untyped-def]
+    O_row,  # one (request, q head)'s partial outputs: column c at O_row + c * stride_os
+    Lse_row,  # its columns' log2-sum-exp2
+    Out_row,
+    used,  # columns 0..used-1 hold its own splits
+    used_prefix,  # columns col0..col0+used_prefix-1 the shared prefix's
+    col0,
+    stride_os,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    FROM_L2: tl.constexpr,  # read past the L1 (columns other programs of this launch wrote)
+):
+    """Out_row = the softmax-weighted merge of the used columns, in one pass (no loop of
+    dependent loads: at batch 1 with 32+ splits a serial merge is latency-bound)."""
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     valid = offs_s < used + used_prefix
     col = tl.where(offs_s < used, offs_s, col0 + offs_s - used)
-    lse = tl.load(Part_lse + b * stride_lb + h * stride_lh + col, mask=valid, other=float("-inf"))
+    cache: tl.constexpr = ".cg" if FROM_L2 else ""
+    lse = tl.load(Lse_row + col, mask=valid, other=float("-inf"), cache_modifier=cache)
     m = tl.max(lse, 0)
     w = tl.where(valid, tl.exp2(lse - m), 0.0)  # [BLOCK_S]; no valid column (padded row): all 0
-    o_ptrs = Part_o + b * stride_ob + h * stride_oh + col[:, None] * stride_os + offs_d[None, :]
-    o = tl.load(o_ptrs, mask=valid[:, None] & (offs_d < D)[None, :], other=0.0)
+    o_ptrs = O_row + col[:, None] * stride_os + offs_d[None, :]
+    o = tl.load(o_ptrs, mask=valid[:, None] & (offs_d < D)[None, :], other=0.0,
+                cache_modifier=cache)  # fmt: skip
     total = tl.sum(w, 0)
     out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)  # seq_len 0 gives zeros
-    tl.store(Out + b * stride_outb + h * stride_outh + offs_d, out, mask=offs_d < D)
+    tl.store(Out_row + offs_d, out.to(Out_row.dtype.element_ty), mask=offs_d < D)
 
 
 def fp16_dots(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
@@ -258,6 +297,7 @@ def decode_attention(
     fp8_v_staged: bool | None = None,
     pdl: bool = False,
     rope: DecodeRope | None = None,
+    sum_here: bool = True,
 ) -> torch.Tensor:
     """Attention of each request's one query over its whole paged KV; returns `out`.
 
@@ -276,6 +316,10 @@ def decode_attention(
     `rope` (not with `shared`): q is not rotated yet, nor is the new k, and neither k nor v is
     in the pool: each program rotates its q heads, and the program whose split ends at the new
     key rotates it and stores it and its v at `rope.loc` first (cast as store_kv casts).
+
+    `sum_here` (several splits, no `shared`): the last program of a (request, kv head) to
+    finish its split merges the group's partial results itself (kernels/arrivals.py), so no
+    reduce kernel is launched; False launches it (for comparison).
 
     `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
     S' >= num_kv_splits + shared.num_splits) so CUDA-graph replays reuse one buffer. No host sync:
@@ -357,6 +401,9 @@ def decode_attention(
     group = heads // num_kv_heads
     block_d = triton.next_power_of_2(dim)
     starts = seq_lens if kv_starts is None else kv_starts  # not read without kv_starts
+    counters = None
+    if sum_here and not direct and shared is None:
+        counters = arrival_counters(dev, "decode", bsz * num_kv_heads)
     if shared is not None:  # NOTE: first, so that a direct split kernel can merge its columns
         from .shared_prefix import shared_prefix_splits  # NOTE: it imports this module
 
@@ -364,7 +411,8 @@ def decode_attention(
                              scale, num_kv_splits, prefix_block_n)  # fmt: skip
     _decode_split_kernel[(bsz, num_kv_heads, num_kv_splits)](
         q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, starts, part_o, part_lse, out,
-        positions, cos_sin, k_new, v_new, loc, scale * LOG2E, num_kv_splits, max(prefix_splits, 1), num_kv_splits,
+        positions, cos_sin, k_new, v_new, loc, seq_lens if counters is None else counters,
+        scale * LOG2E, num_kv_splits, max(prefix_splits, 1), num_kv_splits,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2) if part_o.dim() == 4 else 0,
@@ -373,12 +421,13 @@ def decode_attention(
         G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
         FP16_DOTS=fp16_dots(q, k_buffer), HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged,
-        DIRECT=direct, ROPE=rope is not None,
+        DIRECT=direct, SUM_HERE=counters is not None,
+        BLOCK_S=triton.next_power_of_2(num_kv_splits), ROPE=rope is not None,
         SATURATE=FP8_MAX if rope is not None and k_buffer.dtype == FP8_KV else 0.0,
         PDL=pdl, launch_pdl=pdl,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
-    if direct:
+    if direct or counters is not None:
         return out
     _decode_reduce_kernel[(bsz, heads)](
         part_o, part_lse, seq_lens, starts, out, num_kv_splits, max(prefix_splits, 1),

@@ -11,6 +11,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._check import check_tensor, supports_pdl
+from .arrivals import arrival_counters
 
 MAX_ROWS = 16  # rows of x one launch serves (x^T is a dot operand padded to 16 columns)
 
@@ -20,7 +21,8 @@ class GemvLaunch:
     """One launch's tiling: a program owns block_n rows of W and one of split_k slices of K,
     walked block_k at a time; x^T, padded to 16 columns, makes each step a tl.dot, so Triton
     pipelines W's loads num_stages deep (cp.async). With split_k > 1 the slices' float32 partial
-    sums go to a buffer that one more launch adds up. (A dot-free kind with the next tile's load
+    sums go to a buffer; with sum_here the last program of a tile to finish adds them up (and
+    rounds them), else one more launch does (the same sum, bit for bit). (A dot-free kind with the next tile's load
     issued by hand reached 37-83% of copy speed against this one's 66-98%: BENCHMARKS.md,
     twentieth session.)"""
 
@@ -29,6 +31,7 @@ class GemvLaunch:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
+    sum_here: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "split_k", "num_warps"):
@@ -68,20 +71,36 @@ def _w_tile(W, offs_n, k, n_mask, k_mask, stride_wn, EVEN: tl.constexpr):  # typ
 
 @triton.jit
 def _finish(  # type: ignore[no-untyped-def]
-    acc, Bias, Out, offs_m, offs_n, m_mask, n_mask, pid_k, M, N,
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    acc, Bias, Out, Part, Counters, offs_m, offs_n, m_mask, n_mask, pid_k, M, N,
+    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, SUM_HERE: tl.constexpr,
 ):  # fmt: skip
     """Store acc [16, BLOCK_N] (rows past M masked): rounded (+ bias) when one program sums all
-    of K, else the float32 partial sums of split pid_k."""
+    of K; else the float32 partial sums of split pid_k into Part, and with SUM_HERE the tile's
+    last program to arrive (kernels/arrivals.py) adds up every split's, in split order as
+    _split_sum_kernel does, and stores the rounded sum."""
     mask = m_mask[:, None] & n_mask[None, :]
     if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(
-            Out + offs_m[:, None] * N + offs_n[None, :], acc.to(Out.dtype.element_ty), mask=mask
-        )
+        _store_sum(acc, Bias, Out, offs_m, offs_n, n_mask, mask, N, HAS_BIAS)
     else:
-        tl.store(Out + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=mask)
+        part_ptrs = Part + (offs_m[:, None] * N + offs_n[None, :])
+        tl.store(part_ptrs + pid_k * M * N, acc, mask=mask)
+        if SUM_HERE:
+            tl.debug_barrier()  # every thread's partial stored before the arrival is counted
+            tile = Counters + tl.program_id(0)
+            if tl.atomic_add(tile, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+                total = tl.zeros_like(acc)
+                for s in tl.static_range(SPLIT_K):  # .cg: from the L2, where the others wrote
+                    total += tl.load(part_ptrs + s * M * N, mask=mask, other=0.0,
+                                     cache_modifier=".cg")  # fmt: skip
+                _store_sum(total, Bias, Out, offs_m, offs_n, n_mask, mask, N, HAS_BIAS)
+                tl.atomic_xchg(tile, 0, sem="relaxed", scope="gpu")  # ready for the next launch
+
+
+@triton.jit
+def _store_sum(acc, Bias, Out, offs_m, offs_n, n_mask, mask, N, HAS_BIAS: tl.constexpr):  # type: ignore[no-untyped-def]
+    if HAS_BIAS:
+        acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(Out + offs_m[:, None] * N + offs_n[None, :], acc.to(Out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -89,7 +108,9 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
     X,  # [M, K] (or [M, 2K]: gate then up, with SILU_MUL)
     W,  # [N, K]
     Bias,  # [N] (when HAS_BIAS)
-    Out,  # [M, N] in W's dtype; or [SPLIT_K, M, N] float32 partial sums when SPLIT_K > 1
+    Out,  # [M, N] in W's dtype (unless SPLIT_K > 1 and not SUM_HERE)
+    Part,  # [SPLIT_K, M, N] float32 partial sums (when SPLIT_K > 1)
+    Counters,  # [>= N / BLOCK_N] int32 arrivals per tile, zeros (SUM_HERE)
     M,
     N,
     K,
@@ -101,6 +122,7 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
     SPLIT_K: tl.constexpr,
     EVEN: tl.constexpr,  # N % BLOCK_N == 0 and K % K_SLICE == 0: W's loads need no mask
     HAS_BIAS: tl.constexpr,
+    SUM_HERE: tl.constexpr,  # SPLIT_K > 1: the last split to arrive sums them (else a launch)
     SILU_MUL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 weights (no tf32 rounding)
     PDL: tl.constexpr,  # launched as a programmatic dependent (see gemv)
@@ -124,9 +146,8 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
         w = _w_tile(W, offs_n, k, n_mask, k_mask, stride_wn, EVEN)
         xt = _xt_tile(X, offs_m, k, m_mask, k_mask, stride_xm, K, dtype, SILU_MUL)
         acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
-    _finish(
-        tl.trans(acc), Bias, Out, offs_m, offs_n, m_mask, n_mask, pid_k, M, N, SPLIT_K, HAS_BIAS
-    )
+    _finish(tl.trans(acc), Bias, Out, Part, Counters, offs_m, offs_n, m_mask, n_mask, pid_k, M,
+            N, SPLIT_K, HAS_BIAS, SUM_HERE)  # fmt: skip
 
 
 @triton.jit
@@ -200,22 +221,27 @@ def gemv(
     k_slice = triton.cdiv(triton.cdiv(k, split), launch.block_k) * launch.block_k
     split = triton.cdiv(k, k_slice)
     even = n % launch.block_n == 0 and k % k_slice == 0  # k_slice: whole tiles by construction
-    target = (
+    grid = (triton.cdiv(n, launch.block_n), split)
+    part = (
         out if split == 1 else torch.empty(split, rows, n, dtype=torch.float32, device=out.device)
     )
-    grid = (triton.cdiv(n, launch.block_n), split)
+    counters = (
+        arrival_counters(out.device, "gemv", grid[0]) if split > 1 and launch.sum_here else None
+    )
     common = {"BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k, "SPLIT_K": split,
-              "EVEN": even, "HAS_BIAS": bias is not None, "SILU_MUL": silu_mul,
-              "num_warps": launch.num_warps, "num_stages": launch.num_stages}  # fmt: skip
-    args = (x, weight, bias if bias is not None else weight, target, rows, n, k, k_slice,
-            x.stride(0), weight.stride(0))  # fmt: skip
+              "EVEN": even, "HAS_BIAS": bias is not None, "SUM_HERE": counters is not None,
+              "SILU_MUL": silu_mul, "num_warps": launch.num_warps,
+              "num_stages": launch.num_stages}  # fmt: skip
+    args = (x, weight, bias if bias is not None else weight, out, part,
+            part if counters is None else counters, rows, n, k, k_slice, x.stride(0),
+            weight.stride(0))  # fmt: skip
     precision = "ieee" if weight.dtype == torch.float32 else "tf32"
     pdl = pdl and supports_pdl(weight.device)
     _gemv_kernel[grid](*args, DOT_PRECISION=precision, PDL=pdl, launch_pdl=pdl, **common)
-    if split > 1:
+    if split > 1 and counters is None:
         block = 1024
         _split_sum_kernel[(triton.cdiv(rows * n, block),)](
-            target, bias if bias is not None else weight, out, rows * n, n,
+            part, bias if bias is not None else weight, out, rows * n, n,
             SPLIT_K=split, BLOCK=block, HAS_BIAS=bias is not None, PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip
     return out

@@ -14,6 +14,7 @@ from weft.runtime import skinny
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch, ForwardMode
 from weft.runtime.graph_blas import blas_library, choose, mode_from_env, projection_timer
+from weft.runtime.pdl import sum_here_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class GraphRunner:
         self.blas_mode = mode_from_env()
         self.blas: dict[int, str] = {}  # the cuBLAS path each size's graph was captured with
         self.gemv_mode = skinny.mode_from_env()
+        self.sum_here = sum_here_from_env()  # split-K GEMVs sum their slices themselves
         # per projection shape, the sizes whose graphs run the skinny GEMV, and its launch
         self.gemv: dict[skinny.Shape, dict[int, Any]] = {}
 
@@ -97,7 +99,7 @@ class GraphRunner:
             self.blas = choose(self.sizes, projection_timer(self.model, self.sizes[-1]))
         else:
             self.blas = dict.fromkeys(self.sizes, self.blas_mode)
-        self.gemv = skinny.choose(self.model, self.sizes, self.gemv_mode)
+        self.gemv = skinny.choose(self.model, self.sizes, self.gemv_mode, self.sum_here)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

@@ -18,10 +18,12 @@ logger = logging.getLogger(__name__)
 Shape = tuple[int, int, bool]  # (out features, in features, gated)
 # GemvLaunch fields (block_n, block_k, split_k, num_warps, num_stages) timed per shape: the
 # best launches of Llama-3.1-8B's projections on the H200 (benchmarks/gemv_chain.py): one K slice
-# for K = 4096 (qkv, o_proj, gate_up, lm_head), four for the down projection's 14336
+# for K = 4096 (qkv, o_proj, gate_up, lm_head), four for the down projection's 14336; and K
+# split 2-4 ways for qkv and o_proj, whose 64-96 tiles of 64 rows leave SMs idle, now that the
+# last split of a tile sums them (no launch of its own)
 CANDIDATES = (
     (64, 128, 1, 4, 4), (64, 128, 1, 4, 6), (64, 64, 1, 4, 8), (64, 128, 2, 4, 4),
-    (128, 128, 4, 8, 4),
+    (128, 128, 4, 8, 4), (64, 128, 4, 4, 4), (64, 64, 2, 4, 8),
 )  # fmt: skip
 
 
@@ -44,16 +46,19 @@ def by_shape(model: nn.Module) -> dict[Shape, list[Projection]]:
     return groups
 
 
-def choose(model: nn.Module, sizes: Sequence[int], mode: str) -> dict[Shape, dict[int, Any]]:
+def choose(
+    model: nn.Module, sizes: Sequence[int], mode: str, sum_here: bool = True
+) -> dict[Shape, dict[int, Any]]:
     """Set each Projection's gemv_launches (batch size -> GemvLaunch) for every size the GEMV
     serves, with the launch timed fastest for its shape (none with mode off, off CUDA, on a GPU
     older than compute capability 8.0, or where no candidate launch fits); returns them per
-    shape. Whether a size keeps them is the graph runner's call (auto: the faster whole step)."""
+    shape. Whether a size keeps them is the graph runner's call (auto: the faster whole step).
+    `sum_here`: split-K launches sum their slices in the GEMV (GemvLaunch.sum_here)."""
     picks: dict[Shape, dict[int, Any]] = {}
     for shape, mods in by_shape(model).items():
         device = mods[0].weight.device
         serves = mode != "off" and device.type == "cuda" and _compiles_for(device)
-        picks[shape] = _pick(mods, sizes) if serves else {}
+        picks[shape] = _pick(mods, sizes, sum_here) if serves else {}
         for m in mods:
             m.gemv_launches = dict(picks[shape])
     return picks
@@ -76,7 +81,7 @@ def restore_size(dropped: list[tuple[Projection, Any]], size: int) -> None:
         m.gemv_launches[size] = launch
 
 
-def _pick(mods: list[Projection], sizes: Sequence[int]) -> dict[int, Any]:
+def _pick(mods: list[Projection], sizes: Sequence[int], sum_here: bool) -> dict[int, Any]:
     """Every size the GEMV serves, with the candidate launch timed fastest over all of mods (at
     the largest such size: the GEMV's time hardly depends on the rows, x^T being padded to 16)."""
     from weft.kernels.skinny import MAX_ROWS, GemvLaunch
@@ -84,7 +89,7 @@ def _pick(mods: list[Projection], sizes: Sequence[int]) -> dict[int, Any]:
     small = [s for s in sizes if s <= MAX_ROWS]
     if not small:
         return {}
-    launches = [GemvLaunch(*c) for c in CANDIDATES]
+    launches = [GemvLaunch(*c, sum_here=sum_here) for c in CANDIDATES]
     timer = _GraphTimer(mods, max(small))
     timed = [(timer.us(timer.gemv_op(c)), c) for c in launches if timer.fits(c)]
     if not timed:  # e.g. a GPU with less shared memory than every candidate asks for

@@ -20,7 +20,7 @@ from weft.kernels.splits import decode_num_kv_splits
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch
 from weft.runtime.memory import KVPool
-from weft.runtime.pdl import pdl_mode_from_env
+from weft.runtime.pdl import pdl_mode_from_env, sum_here_from_env
 from weft.runtime.shared_prefix import (
     MEMBERS_PER_BLOCK,
     SharedPrefixPlan,
@@ -71,6 +71,7 @@ class TritonAttentionBackend(AttentionBackend):
             raise ValueError(f"WEFT_EXTEND_WORK must be auto, 0 or 1, got {forced!r}")
         self.use_work = pool.k[0].dtype == FP8_KV if forced == "auto" else forced == "1"
         self.pdl = pdl_mode_from_env() == "all"  # decode kernels as programmatic dependents
+        self.sum_here = sum_here_from_env()  # a decode's last split merges them (no reduce)
         # decode steps without shared prefixes rotate q and k in the decode kernel, which
         # stores k and v too (forward_rotating); False keeps the model's rotary launch (A/B)
         self.fuse_rope = True
@@ -204,6 +205,7 @@ class TritonAttentionBackend(AttentionBackend):
                 out[t:],
                 scale,
                 self.num_kv_splits,
+                sum_here=self.sum_here,
             )
         return out
 
@@ -238,7 +240,7 @@ class TritonAttentionBackend(AttentionBackend):
         return decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.req_to_token,
                                 batch.req_rows, batch.seq_lens, torch.empty_like(q), scale,
                                 self.num_kv_splits, kv_starts=self.kv_starts, shared=self.shared,
-                                pdl=self.pdl, rope=rope)  # fmt: skip
+                                pdl=self.pdl, rope=rope, sum_here=self.sum_here)  # fmt: skip
 
     def _eager_plan(self, plan: SharedPrefixPlan) -> tuple[torch.Tensor, SharedPrefix]:
         starts, members, rows, lens = self._upload(plan, len(plan.kv_starts), plan.num_blocks)

@@ -297,6 +297,49 @@ def test_gemv_at_the_projection_shapes(
         assert_close(out, ref.gemv_ref(x, weight, b, silu_mul), 1e-2)
 
 
+@pytest.mark.parametrize("rows", [1, 16])
+def test_split_sums_here_equal_their_own_launches(rows: int) -> None:
+    """Split K (GEMV) and split KV (decode attention) summed by each tile's last program to
+    arrive, against the launch of their own that sums them (sum_here=False): the GEMV's bits
+    are the same, the attention's within float32 rounding of the merge; the arrival counters
+    are zeros after, and a graph replays the same result three times."""
+    from weft.kernels.arrivals import arrival_counters
+
+    for n, k, silu, launch in ((4096, 14336, True, (128, 128, 4, 8, 4)),
+                               (4096, 4096, False, (64, 128, 2, 4, 4)),
+                               (6144, 4096, False, (64, 64, 2, 4, 8))):  # fmt: skip
+        x = torch.randn(rows, (2 if silu else 1) * k, dtype=torch.bfloat16, device=DEV)
+        w = (torch.randn(n, k, device=DEV) / k**0.5).to(torch.bfloat16)
+        outs = [wk.gemv(x, w, silu_mul=silu, launch=wk.GemvLaunch(*launch, sum_here=here))
+                for here in (True, False)]  # fmt: skip
+        assert torch.equal(outs[0], outs[1]), (n, k, launch)
+        assert_close(outs[0], ref.gemv_ref(x, w, None, silu), 1e-2)
+    bsz = 8 if rows == 1 else 64
+    lens = ragged(bsz, 1, 2048)
+    k_buffer, v_buffer, table, req_rows = bench.random_pool(lens, 16, 8, 128, torch.bfloat16)
+    q = torch.randn(bsz, 32, 128, dtype=torch.bfloat16, device=DEV)
+    args = (k_buffer, v_buffer, table, req_rows, torch.tensor(lens, device=DEV))
+    want = ref.decode_attention_ref(q, *args, 128**-0.5)
+    for splits in (2, 32):
+        outs = [wk.decode_attention(q, *args, torch.full_like(q, float("nan")), 128**-0.5, splits,
+                                    sum_here=here) for here in (True, False)]  # fmt: skip
+        assert (outs[0].float() - outs[1].float()).abs().max() <= 2**-7 * outs[1].abs().max()
+        assert_close(outs[0], want, 1e-2)
+        out = torch.full_like(q, float("nan"))
+        wk.decode_attention(q, *args, out, 128**-0.5, splits)  # compiled outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            wk.decode_attention(q, *args, out, 128**-0.5, splits)
+        for _ in range(3):
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, outs[0]), splits
+    for owner in ("gemv", "decode"):
+        counters = arrival_counters(torch.device(DEV), owner, 1)
+        assert counters is not None and not counters.any(), owner
+
+
 def _replays_match_plain_launches(chain: Callable[[bool], tuple[torch.Tensor, ...]]) -> None:
     """chain(pdl) captured in a CUDA graph with and without programmatic dependents: three
     replays of each equal chain(False) run eagerly, bit for bit."""

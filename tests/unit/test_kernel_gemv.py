@@ -41,6 +41,35 @@ def test_gemv(
     assert_close(out, ref.gemv_ref(x, weight, b, silu_mul), TOL[dtype])
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c[-1][2] > 1])
+@interpreted
+def test_split_k_summed_by_the_last_program_equals_the_sum_launch(
+    case: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Split K summed by each tile's last program to arrive (sum_here, the default; no second
+    launch) against one more launch doing the sum: the same bits, and the arrival counters are
+    zeros again after."""
+    from weft.kernels.arrivals import arrival_counters
+
+    rows, n, k, dtype, bias, silu_mul, launch = case
+    x = torch.randn(rows, (2 if silu_mul else 1) * k).to(dtype)
+    weight = (torch.randn(n, k) / k**0.5).to(dtype)
+    b = torch.randn(n).to(dtype) if bias else None
+    sum_launch = wk.skinny._split_sum_kernel
+    outs = []
+    for sum_here in (True, False):
+        # sum_here must not launch the sum kernel
+        monkeypatch.setattr(wk.skinny, "_split_sum_kernel", None if sum_here else sum_launch)
+        out = torch.full((rows, n), NAN, dtype=dtype)
+        wk.gemv(x, weight, b, silu_mul=silu_mul, out=out,
+                launch=wk.GemvLaunch(*launch, sum_here=sum_here))  # fmt: skip
+        outs.append(out)
+    assert_close(outs[0], ref.gemv_ref(x, weight, b, silu_mul), TOL[dtype])
+    assert torch.equal(outs[0], outs[1])
+    counters = arrival_counters(torch.device("cpu"), "gemv", 1)
+    assert counters is not None and not counters.any()
+
+
 @interpreted
 def test_gemv_refuses_what_it_cannot_serve() -> None:
     weight = torch.randn(16, 32)

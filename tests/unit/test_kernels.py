@@ -236,6 +236,40 @@ def test_decode_attention(
     assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
 
 
+@pytest.mark.parametrize("case", [c for c in DECODE_CASES if c[4] > 1])
+@interpreted
+def test_decode_splits_merged_by_the_last_to_arrive_equal_the_reduce_launch(
+    case: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sum_here (the default): the last split program of each (request, kv head) merges the
+    group's partial results, and no reduce kernel is launched; the same output as the reduce
+    launch (sum_here=False), and the arrival counters are zeros again after."""
+    from weft.kernels.arrivals import arrival_counters
+
+    heads, hkv, dim, page, splits, dtype, lens, block_n = case
+    pool = make_pool(lens + [0], lens + [0], page, hkv, dim, dtype)  # + a padded row
+    bsz = len(lens) + 1
+    q = torch.randn(bsz, heads, dim).to(dtype)
+    args = (
+        pool.k_buffer,
+        pool.v_buffer,
+        pool.req_to_token,
+        pool.req_rows,
+        torch.tensor(lens + [0]),
+    )
+    reduce_kernel = wk.decode._decode_reduce_kernel
+    outs = []
+    for sum_here in (True, False):
+        monkeypatch.setattr(wk.decode, "_decode_reduce_kernel", None if sum_here else reduce_kernel)
+        out = torch.full((bsz, heads, dim), NAN, dtype=dtype)
+        outs.append(wk.decode_attention(q, *args, out, dim**-0.5, splits, block_n=block_n,
+                                        sum_here=sum_here))  # fmt: skip
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0][-1], torch.zeros(heads, dim, dtype=dtype))
+    counters = arrival_counters(torch.device("cpu"), "decode", 1)
+    assert counters is not None and not counters.any()
+
+
 @pytest.mark.parametrize("splits", [1, 4])
 @interpreted
 def test_decode_attention_workspace_padded_rows_int32(splits: int) -> None:

@@ -70,6 +70,18 @@ def test_weft_pdl_must_be_a_known_mode(monkeypatch: pytest.MonkeyPatch) -> None:
         assert pdl_mode_from_env() == mode
 
 
+def test_weft_split_sum_must_be_here_or_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from weft.runtime.pdl import sum_here_from_env
+
+    monkeypatch.delenv("WEFT_SPLIT_SUM", raising=False)
+    assert sum_here_from_env()  # the default
+    monkeypatch.setenv("WEFT_SPLIT_SUM", "launch")
+    assert not sum_here_from_env()
+    monkeypatch.setenv("WEFT_SPLIT_SUM", "last")
+    with pytest.raises(ValueError, match="WEFT_SPLIT_SUM must be here or launch, got 'last'"):
+        sum_here_from_env()
+
+
 @pytest.mark.parametrize("gemv_faster", [True, False])
 def test_the_graph_runner_keeps_the_faster_step(
     gemv_faster: bool, monkeypatch: pytest.MonkeyPatch
@@ -114,5 +126,21 @@ def test_no_launch_that_fits_leaves_the_shape_on_cublas(
     monkeypatch.setattr(skinny._GraphTimer, "fits", lambda self, launch: False)
     mods = skinny.by_shape(model)[(32, 32, False)]
     with caplog.at_level("WARNING", logger="weft.runtime.skinny"):
-        assert skinny._pick(mods, [1, 2, 4, 32]) == {}
+        assert skinny._pick(mods, [1, 2, 4, 32], True) == {}
     assert "no skinny GEMV launch fits the [32, 32] projections" in caplog.text
+
+
+@pytest.mark.parametrize("sum_here", [True, False])
+def test_the_timed_fastest_launch_is_picked_with_the_split_sum_asked_for(
+    sum_here: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every size the GEMV serves (<= 16 rows) gets the candidate timed fastest, built with the
+    WEFT_SPLIT_SUM choice (who sums split K)."""
+    from weft.kernels import GemvLaunch
+
+    mods = skinny.by_shape(tiny_llama())[(32, 32, False)]
+    want = GemvLaunch(*skinny.CANDIDATES[-1], sum_here=sum_here)
+    monkeypatch.setattr(skinny._GraphTimer, "fits", lambda self, launch: True)
+    monkeypatch.setattr(skinny._GraphTimer, "gemv_op", staticmethod(lambda launch: launch))
+    monkeypatch.setattr(skinny._GraphTimer, "us", lambda self, op: 1.0 if op == want else 2.0)
+    assert skinny._pick(mods, [1, 2, 4, 32], sum_here) == {1: want, 2: want, 4: want}
