@@ -155,12 +155,10 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
         if tl.atomic_add(group, 1, sem="acq_rel", scope="gpu") == num_splits - 1:
             _, _, split_len = _split_range(seq_len - kv_start, num_splits, 0, BLOCK_N)
             used = tl.cdiv(seq_len - kv_start, tl.maximum(split_len, 1))
-            for i in tl.static_range(G):
-                h = kvh * G + i
-                _merge_columns(Part_o + b * stride_ob + h * stride_oh,
-                               Part_lse + b * stride_lb + h * stride_lh,
-                               Out + b * stride_outb + h * stride_outh, used, 0, 0, stride_os,
-                               D, BLOCK_D, BLOCK_S, True)  # fmt: skip
+            _merge_group(Part_o + b * stride_ob + kvh * G * stride_oh,
+                         Part_lse + b * stride_lb + kvh * G * stride_lh,
+                         Out + b * stride_outb + kvh * G * stride_outh, used, stride_oh,
+                         stride_os, stride_lh, stride_outh, G, D, BLOCK_D, BLOCK_S)  # fmt: skip
             tl.atomic_xchg(group, 0, sem="relaxed", scope="gpu")  # ready for the next launch
     if DIRECT:
         if HAS_KV_STARTS:
@@ -231,7 +229,45 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     used_prefix = tl.cdiv(kv_start, tl.maximum(prefix_split_len, 1))
     _merge_columns(Part_o + b * stride_ob + h * stride_oh, Part_lse + b * stride_lb + h * stride_lh,
                    Out + b * stride_outb + h * stride_outh, used, used_prefix, col0, stride_os,
-                   D, BLOCK_D, BLOCK_S, False)  # fmt: skip
+                   D, BLOCK_D, BLOCK_S)  # fmt: skip
+
+
+@triton.jit
+def _merge_group(  # type: ignore[no-untyped-def]
+    O_rows,  # the group's first q head's partial outputs: head i, column c at + i * stride_oh
+    Lse_rows,  # + c * stride_os; their log2-sum-exp2 at Lse_rows + i * stride_lh + c
+    Out_rows,
+    used,  # columns 0..used-1 hold the walked splits
+    stride_oh,
+    stride_os,
+    stride_lh,
+    stride_outh,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """_merge_columns for the G q heads of a kv head at once: one load of every column, one
+    store (head by head, each head's loads would wait for the store before them). Reads past
+    the L1: other programs of this launch wrote the columns."""
+    BLOCK_G: tl.constexpr = triton.next_power_of_2(G)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    valid = (offs_g < G)[:, None] & (offs_s < used)[None, :]  # [BLOCK_G, BLOCK_S]
+    lse_ptrs = Lse_rows + offs_g[:, None] * stride_lh + offs_s[None, :]
+    lse = tl.load(lse_ptrs, mask=valid, other=float("-inf"), cache_modifier=".cg")
+    m = tl.max(lse, 1)
+    w = tl.where(valid, tl.exp2(lse - m[:, None]), 0.0)  # no valid column (padded row): all 0
+    o_ptrs = (O_rows + offs_g[:, None, None] * stride_oh + offs_s[None, :, None] * stride_os
+              + offs_d[None, None, :])  # fmt: skip
+    o_mask = valid[:, :, None] & (offs_d < D)[None, None, :]
+    o = tl.load(o_ptrs, mask=o_mask, other=0.0, cache_modifier=".cg")  # [BLOCK_G, BLOCK_S, BLOCK_D]
+    total = tl.sum(w, 1)
+    out = tl.sum(w[:, :, None] * o, 1) / tl.where(total > 0, total, 1.0)[:, None]
+    out_ptrs = Out_rows + offs_g[:, None] * stride_outh + offs_d[None, :]
+    out_mask = (offs_g < G)[:, None] & (offs_d < D)[None, :]
+    tl.store(out_ptrs, out.to(Out_rows.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
@@ -246,7 +282,6 @@ def _merge_columns(  # type: ignore[no-untyped-def]
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    FROM_L2: tl.constexpr,  # read past the L1 (columns other programs of this launch wrote)
 ):
     """Out_row = the softmax-weighted merge of the used columns, in one pass (no loop of
     dependent loads: at batch 1 with 32+ splits a serial merge is latency-bound)."""
@@ -254,13 +289,11 @@ def _merge_columns(  # type: ignore[no-untyped-def]
     offs_d = tl.arange(0, BLOCK_D)
     valid = offs_s < used + used_prefix
     col = tl.where(offs_s < used, offs_s, col0 + offs_s - used)
-    cache: tl.constexpr = ".cg" if FROM_L2 else ""
-    lse = tl.load(Lse_row + col, mask=valid, other=float("-inf"), cache_modifier=cache)
+    lse = tl.load(Lse_row + col, mask=valid, other=float("-inf"))
     m = tl.max(lse, 0)
     w = tl.where(valid, tl.exp2(lse - m), 0.0)  # [BLOCK_S]; no valid column (padded row): all 0
     o_ptrs = O_row + col[:, None] * stride_os + offs_d[None, :]
-    o = tl.load(o_ptrs, mask=valid[:, None] & (offs_d < D)[None, :], other=0.0,
-                cache_modifier=cache)  # fmt: skip
+    o = tl.load(o_ptrs, mask=valid[:, None] & (offs_d < D)[None, :], other=0.0)
     total = tl.sum(w, 0)
     out = tl.sum(w[:, None] * o, 0) / tl.where(total > 0, total, 1.0)  # seq_len 0 gives zeros
     tl.store(Out_row + offs_d, out.to(Out_row.dtype.element_ty), mask=offs_d < D)
