@@ -5,6 +5,7 @@ split counts and launches.
 
     python benchmarks/decode_parts.py [--batches 1 64] [--skip-attention]
     python benchmarks/decode_parts.py --splits --blas [--batches ...]   # split counts; cuBLAS paths
+    python benchmarks/decode_parts.py --small [--batches 1 8]   # small-batch decode launches
 """
 
 from __future__ import annotations
@@ -156,6 +157,39 @@ def bench_splits(ceiling: float, batches: list[int]) -> None:
         torch.cuda.empty_cache()
 
 
+def bench_small(ceiling: float, batches: list[int]) -> None:
+    """The decode kernel at small batches (bf16, kv 2048, in a graph over cold pools) per split
+    count and launch (keys per tile, warps, stages), its splits merged by the last to arrive
+    (the default) or by the reduce launch: the best eight per batch, and the runtime's launch."""
+    from weft.kernels import decode_attention, decode_num_kv_splits
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print("\ndecode attention in a CUDA graph, kv 2048, bf16: us per call, % of copy")
+    for bsz in batches:
+        nbytes = decode_bytes(bsz, 2048)
+        sets = [decode_setup(bsz, 2048) for _ in range(max(2, min(32, (256 << 20) // nbytes)))]
+        pick = decode_num_kv_splits(bsz, 8, 2048, sms)
+        rows = []
+        for splits in (8, 16, 32):
+            for bn in (16, 32, 64):
+                for warps in (2, 4):
+                    for st in (2, 3):
+                        for here in (True, False):
+                            fns = [partial(decode_attention, **a, num_kv_splits=splits, block_n=bn,
+                                           num_warps=warps, num_stages=st, sum_here=here)
+                                   for a in sets]  # fmt: skip
+                            rows.append((graph_ms(fns), splits, bn, warps, st, here))
+        default = graph_ms([partial(decode_attention, **a, num_kv_splits=pick) for a in sets])
+        print(f"  B={bsz}: the runtime's launch ({pick} splits, merged here) {default * 1e3:.1f} us"
+              f" {nbytes / default / 1e6 / ceiling:.0%}")  # fmt: skip
+        for ms, splits, bn, warps, st, here in sorted(rows)[:8]:
+            print(f"    splits {splits:2} block_n {bn:2} warps {warps} stages {st} "
+                  f"{'merged here' if here else 'reduce launch'}: {ms * 1e3:.1f} us "
+                  f"{nbytes / ms / 1e6 / ceiling:.0%}")  # fmt: skip
+        del sets
+        torch.cuda.empty_cache()
+
+
 def bench_blas(ceiling: float, batches: list[int]) -> None:
     """cuBLAS as torch picks it against cuBLASLt preferred, per projection and token count."""
     print(
@@ -186,10 +220,14 @@ def main() -> None:
     ap.add_argument("--skip-attention", action="store_true")
     ap.add_argument("--splits", action="store_true", help="only the split-count sweep")
     ap.add_argument("--blas", action="store_true", help="only cuBLAS against cuBLASLt")
+    ap.add_argument("--small", action="store_true", help="only small-batch decode launches")
     args = ap.parse_args()
     ceiling = copy_gbps()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__},"
           f" copy {ceiling:.0f} GB/s")  # fmt: skip
+    if args.small:
+        bench_small(ceiling, args.batches)
+        return
     if args.splits or args.blas:
         if args.splits:
             bench_splits(ceiling, args.batches)

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from .shared_prefix import SharedPrefix
 
 
+MERGE_MAX_SPLITS = 32  # sum_here merges up to this many splits (see decode_attention)
+
+
 class DecodeRope(NamedTuple):
     """The step's new tokens for a decode launch that rotates q and k itself (neox halves over
     whole heads, as rotary_embedding with is_neox) and stores the new k and v into the pool
@@ -350,7 +353,7 @@ def decode_attention(
     in the pool: each program rotates its q heads, and the program whose split ends at the new
     key rotates it and stores it and its v at `rope.loc` first (cast as store_kv casts).
 
-    `sum_here` (several splits, no `shared`): the last program of a (request, kv head) to
+    `sum_here` (2..MERGE_MAX_SPLITS splits, no `shared`): the last program of a (request, kv head) to
     finish its split merges the group's partial results itself (kernels/arrivals.py), so no
     reduce kernel is launched; False launches it (for comparison).
 
@@ -435,7 +438,10 @@ def decode_attention(
     block_d = triton.next_power_of_2(dim)
     starts = seq_lens if kv_starts is None else kv_starts  # not read without kv_starts
     counters = None
-    if sum_here and not direct and shared is None:
+    # NOTE: the merge holds a kv head's [G, splits, D] float32 columns at once: at 64 splits
+    # that spills (255 registers and a 240-byte stack on sm_90, bf16 at 4 warps), so more
+    # splits than MERGE_MAX_SPLITS take the reduce launch
+    if sum_here and not direct and shared is None and num_kv_splits <= MERGE_MAX_SPLITS:
         counters = arrival_counters(dev, "decode", bsz * num_kv_heads)
     if shared is not None:  # NOTE: first, so that a direct split kernel can merge its columns
         from .shared_prefix import shared_prefix_splits  # NOTE: it imports this module

@@ -270,6 +270,31 @@ def test_decode_splits_merged_by_the_last_to_arrive_equal_the_reduce_launch(
     assert counters is not None and not counters.any()
 
 
+@interpreted
+def test_more_splits_than_the_merge_holds_take_the_reduce_launch() -> None:
+    """sum_here merges at most MERGE_MAX_SPLITS splits in the split kernel (more would spill);
+    beyond that the reduce kernel is launched, and the output is still right."""
+    pool = make_pool([40, 7], [40, 7], 16, 1, 32, torch.float16)
+    q = torch.randn(2, 4, 32).to(torch.float16)
+    args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, torch.tensor([40, 7]))
+    launches = []
+
+    class Counted:
+        def __getitem__(self, grid: tuple) -> object:
+            launches.append(grid)
+            return reduce_kernel[grid]
+
+    reduce_kernel = wk.decode._decode_reduce_kernel
+    splits = wk.decode.MERGE_MAX_SPLITS
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(wk.decode, "_decode_reduce_kernel", Counted())
+        for n in (splits, 2 * splits):
+            out = torch.full_like(q, NAN)
+            wk.decode_attention(q, *args, out, 0.125, n, block_n=16)
+            assert_close(out, ref.decode_attention_ref(q, *args, 0.125), TOL[torch.float16])
+    assert launches == [(2, 4)]  # the reduce ran for 2 * MERGE_MAX_SPLITS splits only
+
+
 @pytest.mark.parametrize("splits", [1, 4])
 @interpreted
 def test_decode_attention_workspace_padded_rows_int32(splits: int) -> None:
