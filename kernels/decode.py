@@ -353,9 +353,9 @@ def decode_attention(
     in the pool: each program rotates its q heads, and the program whose split ends at the new
     key rotates it and stores it and its v at `rope.loc` first (cast as store_kv casts).
 
-    `sum_here` (2..MERGE_MAX_SPLITS splits, no `shared`): the last program of a (request, kv head) to
-    finish its split merges the group's partial results itself (kernels/arrivals.py), so no
-    reduce kernel is launched; False launches it (for comparison).
+    `sum_here` (2..MERGE_MAX_SPLITS splits, no `shared`): the last program of a (request, kv
+    head) to finish its split merges the group's partial results itself (kernels/arrivals.py),
+    so no reduce kernel is launched; False launches it (for comparison).
 
     `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
     S' >= num_kv_splits + shared.num_splits) so CUDA-graph replays reuse one buffer. No host sync:

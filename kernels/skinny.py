@@ -22,9 +22,9 @@ class GemvLaunch:
     walked block_k at a time; x^T, padded to 16 columns, makes each step a tl.dot, so Triton
     pipelines W's loads num_stages deep (cp.async). With split_k > 1 the slices' float32 partial
     sums go to a buffer; with sum_here the last program of a tile to finish adds them up (and
-    rounds them), else one more launch does (the same sum, bit for bit). (A dot-free kind with the next tile's load
-    issued by hand reached 37-83% of copy speed against this one's 66-98%: BENCHMARKS.md,
-    twentieth session.)"""
+    rounds them), else one more launch does (the same sum, bit for bit). (A dot-free kind with
+    the next tile's load issued by hand reached 37-83% of copy speed against this one's 66-98%:
+    BENCHMARKS.md, twentieth session.)"""
 
     block_n: int = 64
     block_k: int = 128
