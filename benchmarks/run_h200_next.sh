@@ -33,6 +33,11 @@
 #                                             # programmatic dependents on and off: what each
 #                                             # kernel adds to the step (marginal time), where the
 #                                             # 1.19x goes (the next batch-1 attempt starts here)
+#   bash benchmarks/run_h200_next.sh sums     # split sums by the last program (WEFT_SPLIT_SUM=here,
+#                                             # the default) against their own launches: GPU tests,
+#                                             # decode steps at batch 1, 8, 64 (here: -0.055 ms at
+#                                             # 1 and 8, twenty-third session), small-batch decode
+#                                             # launches merged here or by the reduce
 #   bash benchmarks/run_h200_fp8.sh prefix    # prefix sharing end to end
 # NOTE: never `git checkout HEAD -- ...` on the device: its copy carries the .git of the landed
 # main, so that restores the session's starting code (tenth session, calls 4-5).
@@ -111,5 +116,16 @@ case "${1:-}" in
         | grep -A 45 "^== decode\|^per step"
     done
     ;;
-  *) echo "usage: $0 checks|extend|extprof|tune|nogap|gemv|gemvstep|trace" >&2; exit 2 ;;
+  sums)
+    timeout "${TEST_S:-120}" python3 -m pytest -v -p no:cacheprovider tests/gpu/test_kernels_cuda.py \
+      -k "split_sums or decode_layer or test_decode_attention" 2>&1 \
+      | grep -E "PASSED|FAILED|ERROR|passed|failed" | tee "$OUT/tests_sums.log"
+    cd benchmarks
+    timeout "${STEP_S:-250}" python3 one_batch.py --backends triton+graph --batches 1 8 64 \
+      --reps 20 --sum-modes here launch here launch 2>&1 | grep -v Warning \
+      | tee "$OUT/sum_modes.log" | grep -E "^\{|copy" | grep -v prefill
+    timeout "${SMALL_S:-200}" python3 decode_parts.py --small --batches 1 8 2>&1 \
+      | grep -v Warning | tee "$OUT/small.log"
+    ;;
+  *) echo "usage: $0 checks|extend|extprof|tune|nogap|gemv|gemvstep|trace|sums" >&2; exit 2 ;;
 esac
