@@ -18,12 +18,12 @@ logger = logging.getLogger(__name__)
 Shape = tuple[int, int, bool]  # (out features, in features, gated)
 # GemvLaunch fields (block_n, block_k, split_k, num_warps, num_stages) timed per shape: the
 # best launches of Llama-3.1-8B's projections on the H200 (benchmarks/gemv_chain.py): one K slice
-# for K = 4096 (qkv, o_proj, gate_up, lm_head), four for the down projection's 14336; and K
-# split 2-4 ways for qkv and o_proj, whose 64-96 tiles of 64 rows leave SMs idle, now that the
-# last split of a tile sums them (no launch of its own)
+# for K = 4096 (qkv, o_proj, gate_up, lm_head), four for the down projection's 14336. (K split
+# 2-4 ways for qkv and o_proj, summed by the last split, stayed slower than one slice at one
+# row: BENCHMARKS.md, twenty-third session.)
 CANDIDATES = (
     (64, 128, 1, 4, 4), (64, 128, 1, 4, 6), (64, 64, 1, 4, 8), (64, 128, 2, 4, 4),
-    (128, 128, 4, 8, 4), (64, 128, 4, 4, 4), (64, 64, 2, 4, 8),
+    (128, 128, 4, 8, 4),
 )  # fmt: skip
 
 
