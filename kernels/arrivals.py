@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 # Counters per (device, owner kernel): enough for 32,768 tiles in one launch (128 KiB each).
 COUNTERS = 1 << 15
 _BUFFERS: dict[tuple[torch.device, str], torch.Tensor] = {}
+_log = logging.getLogger(__name__)
 
 
 def arrival_counters(device: torch.device, owner: str, tiles: int) -> torch.Tensor | None:
@@ -29,6 +32,9 @@ def arrival_counters(device: torch.device, owner: str, tiles: int) -> torch.Tens
     buf = _BUFFERS.get(key)
     if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            _log.debug("no %s arrival counters on %s before this capture: the graph sums its "
+                       "splits in a launch of its own (run the launch once before capturing)",
+                       owner, device)  # fmt: skip
             return None
         buf = _BUFFERS[key] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
     return buf

@@ -271,7 +271,9 @@ def test_decode_splits_merged_by_the_last_to_arrive_equal_the_reduce_launch(
 
 
 @interpreted
-def test_more_splits_than_the_merge_holds_take_the_reduce_launch() -> None:
+def test_more_splits_than_the_merge_holds_take_the_reduce_launch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """sum_here merges at most MERGE_MAX_SPLITS splits in the split kernel (more would spill);
     beyond that the reduce kernel is launched, and the output is still right."""
     pool = make_pool([40, 7], [40, 7], 16, 1, 32, torch.float16)
@@ -286,12 +288,11 @@ def test_more_splits_than_the_merge_holds_take_the_reduce_launch() -> None:
 
     reduce_kernel = wk.decode._decode_reduce_kernel
     splits = wk.decode.MERGE_MAX_SPLITS
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(wk.decode, "_decode_reduce_kernel", Counted())
-        for n in (splits, 2 * splits):
-            out = torch.full_like(q, NAN)
-            wk.decode_attention(q, *args, out, 0.125, n, block_n=16)
-            assert_close(out, ref.decode_attention_ref(q, *args, 0.125), TOL[torch.float16])
+    monkeypatch.setattr(wk.decode, "_decode_reduce_kernel", Counted())
+    for n in (splits, 2 * splits):
+        out = torch.full_like(q, NAN)
+        wk.decode_attention(q, *args, out, 0.125, n, block_n=16)
+        assert_close(out, ref.decode_attention_ref(q, *args, 0.125), TOL[torch.float16])
     assert launches == [(2, 4)]  # the reduce ran for 2 * MERGE_MAX_SPLITS splits only
 
 
