@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 from functools import partial
+from itertools import product
 
 import torch
 import torch.nn.functional as F
@@ -157,11 +158,19 @@ def bench_splits(ceiling: float, batches: list[int]) -> None:
         torch.cuda.empty_cache()
 
 
-def bench_small(ceiling: float, batches: list[int]) -> None:
+def bench_small(ceiling: float, batches: list[int], near: bool = False) -> None:
     """The decode kernel at small batches (bf16, kv 2048, in a graph over cold pools) per split
     count and launch (keys per tile, warps, stages), its splits merged by the last to arrive
-    (the default) or by the reduce launch: the best eight per batch, and the runtime's launch."""
+    (the default) or by the reduce launch: the best eight per batch, and the runtime's launch.
+    `near`: only split counts next to the runtime's pick (half, same, double), merged here where
+    the merge holds them, and keys per tile 16-64 (a quicker sweep over more batches).
+
+    NOTE: back to back on their own these calls can rank launches unlike a decode step does: at
+    batch 8 the runtime's 4-warp launch took 31.9 us here and 23.6 us inside the step's graph
+    (profile_step.py runner), where 2 warps (27.0 us here) took 24.1 (BENCHMARKS.md,
+    twenty-fourth session). Confirm a launch with one_batch.py --warp-modes or a trace."""
     from weft.kernels import decode_attention, decode_num_kv_splits
+    from weft.kernels.decode import MERGE_MAX_SPLITS
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print("\ndecode attention in a CUDA graph, kv 2048, bf16: us per call, % of copy")
@@ -169,19 +178,20 @@ def bench_small(ceiling: float, batches: list[int]) -> None:
         nbytes = decode_bytes(bsz, 2048)
         sets = [decode_setup(bsz, 2048) for _ in range(max(2, min(32, (256 << 20) // nbytes)))]
         pick = decode_num_kv_splits(bsz, 8, 2048, sms)
+        if near:
+            grid = [(s, bn, w, st, s <= MERGE_MAX_SPLITS)
+                    for s, bn, w, st in product((pick // 2, pick, pick * 2), (16, 32, 64), (2, 4),
+                                                (2, 3)) if 2 <= s <= 64]  # fmt: skip
+        else:
+            grid = list(product((8, 16, 32), (16, 32, 64), (2, 4), (2, 3), (True, False)))
         rows = []
-        for splits in (8, 16, 32):
-            for bn in (16, 32, 64):
-                for warps in (2, 4):
-                    for st in (2, 3):
-                        for here in (True, False):
-                            fns = [partial(decode_attention, **a, num_kv_splits=splits, block_n=bn,
-                                           num_warps=warps, num_stages=st, sum_here=here)
-                                   for a in sets]  # fmt: skip
-                            rows.append((graph_ms(fns), splits, bn, warps, st, here))
+        for splits, bn, warps, st, here in grid:
+            fns = [partial(decode_attention, **a, num_kv_splits=splits, block_n=bn,
+                           num_warps=warps, num_stages=st, sum_here=here) for a in sets]  # fmt: skip
+            rows.append((graph_ms(fns), splits, bn, warps, st, here))
         default = graph_ms([partial(decode_attention, **a, num_kv_splits=pick) for a in sets])
-        print(f"  B={bsz}: the runtime's launch ({pick} splits, merged here) {default * 1e3:.1f} us"
-              f" {nbytes / default / 1e6 / ceiling:.0%}")  # fmt: skip
+        print(f"  B={bsz}: the runtime's launch ({pick} splits, merged here) "
+              f"{default * 1e3:.1f} us {nbytes / default / 1e6 / ceiling:.0%}")  # fmt: skip
         for ms, splits, bn, warps, st, here in sorted(rows)[:8]:
             print(f"    splits {splits:2} block_n {bn:2} warps {warps} stages {st} "
                   f"{'merged here' if here else 'reduce launch'}: {ms * 1e3:.1f} us "
@@ -221,12 +231,13 @@ def main() -> None:
     ap.add_argument("--splits", action="store_true", help="only the split-count sweep")
     ap.add_argument("--blas", action="store_true", help="only cuBLAS against cuBLASLt")
     ap.add_argument("--small", action="store_true", help="only small-batch decode launches")
+    ap.add_argument("--near", action="store_true", help="(--small) splits next to the pick only")
     args = ap.parse_args()
     ceiling = copy_gbps()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__},"
           f" copy {ceiling:.0f} GB/s")  # fmt: skip
     if args.small:
-        bench_small(ceiling, args.batches)
+        bench_small(ceiling, args.batches, args.near)
         return
     if args.splits or args.blas:
         if args.splits:

@@ -155,6 +155,7 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
     modes += [f"rope={m}" for m in args.rope_modes or []]
     modes += [f"attn={m}" for m in args.attn_modes or []]
     modes += [f"sum={m}" for m in args.sum_modes or []]
+    modes += [f"warps={m}" for m in args.warp_modes or []]
     if runner.graphs is None or not modes:
         modes = [None]
     for mode in modes:
@@ -166,6 +167,8 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
                 runner.graphs.gemv_mode = value
             elif key == "sum":  # who sums split K (GEMV) and split KV (decode attention)
                 runner.graphs.sum_here = attn.sum_here = value == "here"
+            elif key == "warps":  # the decode kernel's warps (auto: its default)
+                attn.decode_warps = None if value == "auto" else int(value)
             elif key == "rope":
                 attn.fuse_rope = value == "fused"
             else:
@@ -235,6 +238,13 @@ def main() -> None:
         choices=["here", "launch"],
         help="the same per WEFT_SPLIT_SUM: split-K GEMVs and split-KV decode attention summed "
         "by each tile's last program (here) or by a launch of their own",
+    )
+    ap.add_argument(
+        "--warp-modes",
+        nargs="+",
+        choices=["auto", "2", "4"],
+        help="the same per warps of the decode kernel (triton backend): its own default "
+        "(auto) or a fixed count",
     )
     args = ap.parse_args()
     bandwidth = copy_bandwidth()

@@ -88,6 +88,10 @@ def profile_runner(args: argparse.Namespace) -> None:
         context_length=max(ctx, 1040),
     )
     runner = ModelRunner(config, folder, hf, config.context_length or ctx)
+    if args.decode_warps:  # the triton backend's decode kernel at a fixed warp count
+        runner.attn.decode_warps = args.decode_warps  # type: ignore[attr-defined]
+        if runner.graphs is not None:
+            runner.graphs.capture()
     for b in args.batches:
         batch = decode_batch(runner, b, args.context, hf.vocab_size)
         for _ in range(3):
@@ -406,6 +410,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--decode-warps", type=int, default=0, help="runner: the decode kernel's warps")
     ap.add_argument("--rows", type=int, default=25, help="rows of the kernel / cProfile tables")
     ap.add_argument("--num-prompts", type=int, default=256)
     ap.add_argument("--input-len", type=int, default=1000)

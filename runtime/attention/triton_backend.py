@@ -75,6 +75,7 @@ class TritonAttentionBackend(AttentionBackend):
         # decode steps without shared prefixes rotate q and k in the decode kernel, which
         # stores k and v too (forward_rotating); False keeps the model's rotary launch (A/B)
         self.fuse_rope = True
+        self.decode_warps: int | None = None  # the decode kernel's warps; None: its own rule
         self.work: torch.Tensor | None = None
         self._work_lens: tuple[list[int], list[int]] = ([], [])  # its extend and prefix lengths
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
@@ -205,6 +206,7 @@ class TritonAttentionBackend(AttentionBackend):
                 out[t:],
                 scale,
                 self.num_kv_splits,
+                num_warps=self.decode_warps,
                 sum_here=self.sum_here,
             )
         return out
@@ -240,7 +242,8 @@ class TritonAttentionBackend(AttentionBackend):
         return decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.req_to_token,
                                 batch.req_rows, batch.seq_lens, torch.empty_like(q), scale,
                                 self.num_kv_splits, kv_starts=self.kv_starts, shared=self.shared,
-                                pdl=self.pdl, rope=rope, sum_here=self.sum_here)  # fmt: skip
+                                pdl=self.pdl, rope=rope, sum_here=self.sum_here,
+                                num_warps=self.decode_warps)  # fmt: skip
 
     def _eager_plan(self, plan: SharedPrefixPlan) -> tuple[torch.Tensor, SharedPrefix]:
         starts, members, rows, lens = self._upload(plan, len(plan.kv_starts), plan.num_blocks)
