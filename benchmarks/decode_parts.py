@@ -18,8 +18,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-
-from kernels import copy_gbps, decode_bytes, decode_setup, graph_ms
+from kernel_bench import copy_gbps, decode_bytes, decode_setup, graph_ms
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096),
           "down": (4096, 14336)}  # fmt: skip

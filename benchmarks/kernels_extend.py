@@ -1,5 +1,5 @@
 """Kernel timings on CUDA, continued: extend attention (packed vs unpacked GQA, launch sweeps) and
-the elementwise kernels against torch eager (`python benchmarks/kernels.py [--extend-only]`)."""
+the elementwise kernels against torch eager (`python benchmarks/kernel_bench.py [--extend-only]`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-
-from kernels import random_pool, time_ms
+from kernel_bench import random_pool, time_ms
 
 
 def extend_setup(

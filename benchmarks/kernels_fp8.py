@@ -1,13 +1,12 @@
 """The decode kernel on an fp8 (e4m3) KV pool: launch tuning, and FlashInfer's decode as the peer
-(`python benchmarks/kernels.py --fp8-tune | --fp8-peer`, on CUDA)."""
+(`python benchmarks/kernel_bench.py --fp8-tune | --fp8-peer`, on CUDA)."""
 
 from __future__ import annotations
 
 from functools import partial
 
 import torch
-
-from kernels import (
+from kernel_bench import (
     decode_bytes,
     decode_setup,
     flashinfer_decode_ms,

@@ -24,7 +24,7 @@ case "${1:-}" in
   kernel)
     timeout 150 $PYTEST tests/gpu/test_kernels_cuda.py -k "fp8 or decode" 2>&1 | tail -4 \
       | tee "$OUT/kernels.log"
-    timeout 200 python3 benchmarks/kernels.py --fp8-peer 2>&1 | tee "$OUT/peer.log"
+    timeout 200 python3 benchmarks/kernel_bench.py --fp8-peer 2>&1 | tee "$OUT/peer.log"
     offline fp8 $fp8
     ;;
   offline)

@@ -63,7 +63,7 @@ case "${1:-}" in
     timeout "${TEST_S:-150}" python3 -m pytest -v -p no:cacheprovider tests/gpu/test_kernels_cuda.py \
       -k "extend or warmed" tests/gpu/test_grammar_cuda.py 2>&1 \
       | grep -E "PASS|FAIL|ERROR|passed|failed" | tee "$OUT/tests_extend.log"
-    (cd benchmarks && timeout "${EXT_S:-150}" python3 kernels.py --extend-work 2>&1 \
+    (cd benchmarks && timeout "${EXT_S:-150}" python3 kernel_bench.py --extend-work 2>&1 \
       | tee "$OUT/extend_work.log")
     ;;
   extprof)
@@ -81,7 +81,7 @@ case "${1:-}" in
     ;;
   tune)
     cd benchmarks
-    timeout "${TUNE_S:-400}" python3 kernels.py --fp8-prefix 2>&1 | tee "$OUT/fp8_prefix.log"
+    timeout "${TUNE_S:-400}" python3 kernel_bench.py --fp8-prefix 2>&1 | tee "$OUT/fp8_prefix.log"
     ;;
   nogap)
     cd benchmarks

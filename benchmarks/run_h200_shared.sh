@@ -18,14 +18,14 @@ case "${1:-}" in
   checks)
     timeout 90 $PYTEST tests/gpu/test_kernels_cuda.py -k "decode_attention" 2>&1 \
       | tail -4 | tee "$OUT/kernels.log"
-    timeout 150 python3 benchmarks/kernels.py --decode-only 2>&1 | tee "$OUT/tune.log"
+    timeout 150 python3 benchmarks/kernel_bench.py --decode-only 2>&1 | tee "$OUT/tune.log"
     timeout 120 $PYTEST tests/gpu/test_shared_prefix_cuda.py 2>&1 \
       | grep "shared_prefix_steps\|passed\|failed\|Error" | tee "$OUT/shared.log"
     timeout "${TEST_S:-220}" $PYTEST tests/gpu/test_engine_cuda.py -k backends_give 2>&1 \
       | grep "identical\|passed\|failed\|Error" | tee "$OUT/backends.log"
     ;;
   suite)
-    timeout 90 python3 benchmarks/kernels.py --shared-only 2>&1 | tee "$OUT/shared_tune.log"
+    timeout 90 python3 benchmarks/kernel_bench.py --shared-only 2>&1 | tee "$OUT/shared_tune.log"
     cd benchmarks
     big="--engine-arg max_running_requests=384 --engine-arg cuda_graph_max_bs=384"
     timeout "${OFF_S:-300}" python3 offline.py --mode offline --num-prompts 1000 \

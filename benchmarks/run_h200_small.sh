@@ -19,7 +19,7 @@ case "${1:-}" in
   small)
     timeout 120 $PYTEST tests/gpu/test_kernels_cuda.py tests/gpu/test_shared_prefix_cuda.py 2>&1 \
       | tail -4 | tee "$OUT/kernels.log"
-    timeout 120 python3 benchmarks/kernels.py --small-decode 2>&1 | tee "$OUT/small.log"
+    timeout 120 python3 benchmarks/kernel_bench.py --small-decode 2>&1 | tee "$OUT/small.log"
     cd benchmarks
     timeout 120 python3 profile_step.py runner --batches 1 64 --rows 16 2>&1 \
       | tee "$OUT/profile.log" | grep -v "^\[transformers\]"

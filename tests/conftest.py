@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import ServerProcess
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -55,99 +56,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: 
         if "token" in name or name.endswith(".jinja"):
             shutil.copy(default_model_dir / name, folder / name)
     return folder
-
-
-def save_word_tokenizer(folder: Path, vocab_size: int) -> None:
-    """A word-level tokenizer "w3 w4 ..." of exactly vocab_size ids (0 unk, 1 bos, 2 eos), built
-    offline: for random-weight models whose vocabulary matches no real tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    vocab.update({f"w{i}": i for i in range(3, vocab_size)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
-    fast.save_pretrained(folder)
-
-
-def save_byte_tokenizer(folder: Path) -> int:
-    """A byte-level tokenizer (GPT-2's byte alphabet, no merges: text encodes to its UTF-8 bytes)
-    with <pad> 0, <s> 1, </s> 2 and the 256 bytes at 3..258, built offline: random-weight models
-    that must write any text (JSON, regexes) without the packaged model. Returns its size, 259."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<pad>", "<s>", "</s>"]
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {s: i for i, s in enumerate(specials)}
-    vocab.update({ch: len(specials) + i for i, ch in enumerate(sorted(alphabet))})
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True) for s in specials])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
-    )
-    fast.save_pretrained(folder)
-    return len(vocab)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class ServerProcess:
-    """A real `weft serve` subprocess; `url` once /health answers 200."""
-
-    def __init__(self, args: list[str], log_path: Path) -> None:
-        import subprocess
-        import sys
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        cmd = [sys.executable, "-m", "weft", "serve", "--port", str(self.port), *args]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        import time
-
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"weft serve exited early:\n{self.log_path.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"weft serve not ready after {timeout} s:\n{self.log_path.read_text()}")
-
-    def stop(self) -> int:
-        import signal
-        import subprocess
-
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.log.close()
-        return int(self.proc.returncode)
 
 
 @pytest.fixture(scope="session")

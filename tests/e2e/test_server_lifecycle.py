@@ -10,8 +10,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
-
-from tests.conftest import ServerProcess
+from support import ServerProcess
 
 
 def start(tiny_model_dir: Path, tmp_path: Path, *args: str) -> ServerProcess:

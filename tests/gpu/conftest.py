@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from tests.conftest import save_byte_tokenizer, save_word_tokenizer
+from support import save_byte_tokenizer, save_word_tokenizer
 
 
 @pytest.fixture(scope="module")

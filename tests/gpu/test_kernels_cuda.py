@@ -14,7 +14,7 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 pytest.importorskip("triton", reason="triton is not importable")
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_bench.py"
 _spec = importlib.util.spec_from_file_location("bench_kernels", _PATH)
 assert _spec is not None and _spec.loader is not None
 bench = importlib.util.module_from_spec(_spec)

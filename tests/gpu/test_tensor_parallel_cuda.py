@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 import torch
+from support import save_word_tokenizer
 
 import weft
-from tests.conftest import save_word_tokenizer
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"

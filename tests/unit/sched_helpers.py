@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tests.unit.kv_helpers import make_cache as shared_make_cache
-from tests.unit.kv_helpers import make_req, release_all
+from kv_helpers import make_cache as shared_make_cache
+from kv_helpers import make_req, release_all
+
 from weft.runtime.batch import Batch
 from weft.runtime.cache_manager import KVCacheManager
 from weft.runtime.prefill import PrefillAdder

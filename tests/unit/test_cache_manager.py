@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-
-from tests.unit.kv_helpers import (
+from kv_helpers import (
     BASE,
     PAGE_SIZES,
     assert_accounted,
@@ -25,6 +24,7 @@ from tests.unit.kv_helpers import (
     row_slots,
     seed_tree,
 )
+
 from weft.runtime.memory import ReqToTokenPool
 
 TREES = ["radix", "none"]

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-
-from tests.unit.kv_helpers import (
+from kv_helpers import (
     BASE,
     PAGE_SIZES,
     aligned,
@@ -20,6 +19,7 @@ from tests.unit.kv_helpers import (
     row_slots,
     seed_tree,
 )
+
 from weft.runtime.cache_manager import KVCacheManager
 
 TREES = ["radix", "none"]

@@ -4,15 +4,15 @@ of n tokens `req.kv_len += n`, after sampling `req.output_ids.append(tok)`)."""
 from __future__ import annotations
 
 import pytest
-
-from tests.unit.kv_helpers import PAGE_SIZES, make_req, release_all
-from tests.unit.sched_helpers import (
+from kv_helpers import PAGE_SIZES, make_req, release_all
+from sched_helpers import (
     assert_untouched,
     make_adder,
     make_cache,
     run_extend,
     start_running,
 )
+
 from weft.runtime.batch import ForwardMode
 from weft.runtime.decode import build_decode_batch, retract_for_decode
 from weft.runtime.prefill import PrefillAdder, decode_reserve

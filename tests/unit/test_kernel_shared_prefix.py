@@ -366,9 +366,9 @@ def test_scheduler_on_the_triton_backend_reads_shared_prefixes(
     backend. Requests sharing a 260-token prompt prefix get the torch backend's greedy tokens
     with the prefix read once per group and with it read per request; decode steps used plans."""
     import transformers
+    from support import save_word_tokenizer
 
     import weft.runtime.attention as attention
-    from tests.conftest import save_word_tokenizer
     from weft.runtime.config import EngineConfig
     from weft.runtime.distributed import Inbox
     from weft.runtime.messages import TokenizedGenerateReq

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import torch
 
+from weft.runtime.child import python_command
+
 triton = pytest.importorskip(
     "triton",
     reason="triton is not importable: the Triton kernels cannot be tested (pip install triton)",
@@ -96,7 +98,7 @@ def _child_results(path: str) -> dict[str, tuple[str, str]]:
     env["TRITON_INTERPRET"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
-        cmd = [sys.executable, "-m", "pytest", path, "-q", "-p", "no:cacheprovider"]
+        cmd = python_command("-m", "pytest", path, "-q", "-p", "no:cacheprovider")
         proc = subprocess.run(
             [*cmd, f"--junit-xml={report}"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
@@ -380,7 +382,7 @@ MEASURED_SPLITS = {
 }
 
 
-# the same on an fp8 (e4m3) pool at the runtime's launch (benchmarks/kernels.py --fp8-mid,
+# the same on an fp8 (e4m3) pool at the runtime's launch (benchmarks/kernel_bench.py --fp8-mid,
 # eighteenth session)
 MEASURED_SPLITS_FP8 = {
     1: {1: 40.2, 2: 26.4, 4: 18.4, 8: 14.1, 16: 12.3, 32: 13.1},

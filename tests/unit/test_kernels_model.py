@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from weft.runtime.child import python_command
 
 pytest.importorskip("triton", reason="triton is not importable: the kernels cannot run")
 
@@ -110,7 +111,7 @@ print("RESULT " + json.dumps(out))
 def diffs() -> dict[str, dict[str, float]]:
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(HERE)],
+        python_command("-c", CHILD, str(HERE)),
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

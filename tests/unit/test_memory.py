@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kv_helpers import PAGE_SIZES
 
-from tests.unit.kv_helpers import PAGE_SIZES
 from weft.runtime.memory import KVPool, PageAllocator, ReqToTokenPool
 
 ##### PageAllocator #####

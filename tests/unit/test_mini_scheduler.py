@@ -7,8 +7,8 @@ import random
 from collections.abc import Sequence
 
 import pytest
+from kv_helpers import PAGE_SIZES, make_cache, make_req
 
-from tests.unit.kv_helpers import PAGE_SIZES, make_cache, make_req
 from weft.runtime.batch import Batch, ForwardMode
 from weft.runtime.cache_manager import KVCacheManager
 from weft.runtime.decode import build_decode_batch, retract_for_decode

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 from test_overlap_schedule import SCHEMA, greedy, run
 
 from weft.runtime.batch import ForwardMode
+from weft.runtime.child import python_command
 from weft.runtime.sampling_params import SamplingParams
 
 HERE = Path(__file__).resolve().parent
@@ -110,7 +110,7 @@ def test_triton_backend_splits_a_mixed_batch(work: str) -> None:
     """Its prefills run the extend kernel over the full grid or a work list (WEFT_EXTEND_WORK)."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "WEFT_EXTEND_WORK": work}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(HERE)], env=env, capture_output=True, text=True,
+        python_command("-c", CHILD, str(HERE)), env=env, capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -8,9 +8,8 @@ No model runs: after a forward of n tokens `req.kv_len += n`, after sampling
 from __future__ import annotations
 
 import pytest
-
-from tests.unit.kv_helpers import PAGE_SIZES, make_req, release_all, seed_tree
-from tests.unit.sched_helpers import (
+from kv_helpers import PAGE_SIZES, make_req, release_all, seed_tree
+from sched_helpers import (
     assert_untouched,
     make_adder,
     make_cache,
@@ -18,6 +17,7 @@ from tests.unit.sched_helpers import (
     run_extend,
     state,
 )
+
 from weft.runtime.batch import ForwardMode
 from weft.runtime.prefill import DECODE_RESERVE_CLIP, LPM_MAX_WAITING, decode_reserve, order_waiting
 

@@ -1,6 +1,6 @@
 """Kernel timings on CUDA: weft.kernels against the device-to-device copy ceiling of the same run.
 
-    python benchmarks/kernels.py [--quick | --decode-only | --shared-only | --small-decode |
+    python benchmarks/kernel_bench.py [--quick | --decode-only | --shared-only | --small-decode |
                                   --extend-only [--quick] | --fp8-peer | --fp8-prefix |
                                   --prefix-pools]
 
@@ -336,7 +336,7 @@ def main() -> None:
         "--prefix-pools", action="store_true", help="only the prefix kernel, bf16 vs fp8 pool"
     )
     args = parser.parse_args()
-    assert torch.cuda.is_available(), "benchmarks/kernels.py needs CUDA"
+    assert torch.cuda.is_available(), "benchmarks/kernel_bench.py needs CUDA"
     torch.manual_seed(0)
     ceiling = copy_gbps()
     import triton
