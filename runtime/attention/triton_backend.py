@@ -75,7 +75,7 @@ class TritonAttentionBackend(AttentionBackend):
         # decode steps without shared prefixes rotate q and k in the decode kernel, which
         # stores k and v too (forward_rotating); False keeps the model's rotary launch (A/B)
         self.fuse_rope = True
-        self.decode_warps: int | None = None  # the decode kernel's warps; None: its own rule
+        self.decode_warps: int | None = None  # the decode kernel's warps; None: its default
         self.work: torch.Tensor | None = None
         self._work_lens: tuple[list[int], list[int]] = ([], [])  # its extend and prefix lengths
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens

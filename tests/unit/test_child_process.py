@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ safe_path = pytest.mark.skipif(sys.version_info < (3, 11), reason="-P is Python 
 
 
 @safe_path
-def test_a_folder_in_the_working_directory_does_not_shadow_an_import(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_folder_in_the_working_directory_does_not_shadow_an_import(tmp_path: Path) -> None:
     """A folder named like a dependency's import (a checkout's kernels/ and the `kernels`
     distribution of transformers 5.25+) stays out of the way; a plain interpreter finds it."""
     shadow = tmp_path / "msgspec"
