@@ -94,6 +94,7 @@ def main() -> None:
         "ROPE": False,
         "SATURATE": 0.0,
         "PDL": False,
+        "PREFETCH": 0,
     }
     decode = ((128, 4, 3, "fp8"), (128, 8, 3, "fp8"), (64, 4, 3, "fp8"), (32, 2, 2, "fp8"),
               (64, 4, 3, "bf16"))  # fmt: skip

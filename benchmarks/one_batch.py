@@ -156,6 +156,7 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
     modes += [f"attn={m}" for m in args.attn_modes or []]
     modes += [f"sum={m}" for m in args.sum_modes or []]
     modes += [f"warps={m}" for m in args.warp_modes or []]
+    modes += [f"prefetch={m}" for m in args.prefetch_modes or []]
     if runner.graphs is None or not modes:
         modes = [None]
     for mode in modes:
@@ -169,6 +170,11 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
                 runner.graphs.sum_here = attn.sum_here = value == "here"
             elif key == "warps":  # the decode kernel's warps (auto: its default)
                 attn.decode_warps = None if value == "auto" else int(value)
+            elif key == "prefetch":  # the L2 prefetch of o_proj's weight (off: none)
+                at, _, fraction = value.partition(":")
+                attn.l2_prefetch = "" if at == "off" else at
+                attn.l2_prefetch_fraction = float(fraction or 1.0)
+                attn.l2_prefetch_bs = args.prefetch_bs
             elif key == "rope":
                 attn.fuse_rope = value == "fused"
             else:
@@ -246,6 +252,14 @@ def main() -> None:
         help="the same per warps of the decode kernel (triton backend): its own default "
         "(auto) or a fixed count",
     )
+    ap.add_argument(
+        "--prefetch-modes",
+        nargs="+",
+        help="the same per L2 prefetch of o_proj's weight by the rotating decode kernel (triton "
+        "backend): off, start or end (at its programs' start or after their walk), optionally "
+        "with :FRACTION of the weight's bytes (end:0.5), for batches up to --prefetch-bs",
+    )
+    ap.add_argument("--prefetch-bs", type=int, default=4)
     args = ap.parse_args()
     bandwidth = copy_bandwidth()
     print(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s (read + write)")

@@ -13,6 +13,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from ._check import FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor, kv_dtypes, supports_pdl
 from .arrivals import arrival_counters
 from .attend import LOG2E, _attend
+from .l2 import L2Prefetch, prefetch_l2_part
 from .rotary import _rope_neox, _to_pool
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     V_new,
     Loc,  # [B] the new token's slot
     Counters,  # [B * Hkv] int32 arrivals per (request, kv head), zeros (SUM_HERE)
+    Prefetch,  # uint8 (when PREFETCH): bytes the programs ask the L2 for, the next kernel's
+    prefetch_bytes,
     qk_scale,  # softmax scale * log2(e)
     num_splits,
     num_prefix_splits,  # columns col0.. hold the shared prefix's splits (DIRECT, HAS_KV_STARTS)
@@ -99,13 +102,18 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     ROPE: tl.constexpr,  # rotate q and the new k here (neox halves, whole heads); store k, v
     SATURATE: tl.constexpr,  # (ROPE) clamp to +-SATURATE before the pool's cast (fp8), if > 0
     PDL: tl.constexpr,  # launched as a programmatic dependent: the next kernel may launch now
+    PREFETCH: tl.constexpr,  # 0, or where the programs prefetch into L2: 1 first, 2 after the walk
 ):
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
+    part = (b * tl.num_programs(1) + kvh) * tl.num_programs(2) + split
+    parts = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
+    if PREFETCH == 1:  # the bytes do not depend on the kernel before
+        prefetch_l2_part(Prefetch, prefetch_bytes, part, parts, 256)
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     row = tl.load(Req_rows + b).to(tl.int64)
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
     kv_start = 0
@@ -147,6 +155,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
             kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
             BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
         )  # fmt: skip
+        if PREFETCH == 2:
+            prefetch_l2_part(Prefetch, prefetch_bytes, part, parts, 256)
         if not DIRECT:
             o_ptrs = Part_o + b * stride_ob + heads[:, None] * stride_oh + split * stride_os
             tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
@@ -334,6 +344,7 @@ def decode_attention(
     pdl: bool = False,
     rope: DecodeRope | None = None,
     sum_here: bool = True,
+    l2_prefetch: L2Prefetch | None = None,
 ) -> torch.Tensor:
     """Attention of each request's one query over its whole paged KV; returns `out`.
 
@@ -356,6 +367,10 @@ def decode_attention(
     `sum_here` (2..MERGE_MAX_SPLITS splits, no `shared`): the last program of a (request, kv
     head) to finish its split merges the group's partial results itself (kernels/arrivals.py),
     so no reduce kernel is launched; False launches it (for comparison).
+
+    `l2_prefetch` (CUDA; ignored by the interpreter): the programs ask the L2 for those bytes,
+    each its share, at their start or after their walk, for the kernel that runs next (a small
+    decode leaves HBM mostly idle; the o_proj weight is the next kernel's read).
 
     `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
     S' >= num_kv_splits + shared.num_splits) so CUDA-graph replays reuse one buffer. No host sync:
@@ -436,6 +451,9 @@ def decode_attention(
 
     group = heads // num_kv_heads
     block_d = triton.next_power_of_2(dim)
+    prefetch_at, prefetch_base = 0, seq_lens  # NOTE: not read without a hint
+    if l2_prefetch is not None and dev.type == "cuda":  # the interpreter runs no inline PTX
+        prefetch_at, prefetch_base = l2_prefetch.code(), l2_prefetch.base()
     starts = seq_lens if kv_starts is None else kv_starts  # not read without kv_starts
     counters = None
     # NOTE: the merge holds a kv head's [G, splits, D] float32 columns at once: at 64 splits
@@ -451,7 +469,8 @@ def decode_attention(
     _decode_split_kernel[(bsz, num_kv_heads, num_kv_splits)](
         q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, starts, part_o, part_lse, out,
         positions, cos_sin, k_new, v_new, loc, seq_lens if counters is None else counters,
-        scale * LOG2E, num_kv_splits, max(prefix_splits, 1), num_kv_splits,
+        prefetch_base, prefetch_base.numel(), scale * LOG2E, num_kv_splits,
+        max(prefix_splits, 1), num_kv_splits,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2) if part_o.dim() == 4 else 0,
@@ -463,7 +482,7 @@ def decode_attention(
         DIRECT=direct, SUM_HERE=counters is not None,
         BLOCK_S=triton.next_power_of_2(num_kv_splits), ROPE=rope is not None,
         SATURATE=FP8_MAX if rope is not None and k_buffer.dtype == FP8_KV else 0.0,
-        PDL=pdl, launch_pdl=pdl,
+        PDL=pdl, launch_pdl=pdl, PREFETCH=prefetch_at,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
     if direct or counters is not None:

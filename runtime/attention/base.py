@@ -63,9 +63,12 @@ class AttentionBackend(ABC):
         batch: ForwardBatch,
         scale: float,
         cos_sin: torch.Tensor,  # [P, D] float32: cos then sin per position (cos_sin_cache)
+        prefetch: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, H, D]
         """forward for q and k that still need their rotary embedding at `batch.positions` (neox
-        halves over whole heads), and k, v not yet stored; only where `rotates(batch)`."""
+        halves over whole heads), and k, v not yet stored; only where `rotates(batch)`.
+        `prefetch`: what the caller reads next (its o_proj weight), which the backend may ask
+        the L2 for while its kernel runs."""
         raise TypeError(f"{type(self).__name__} does not rotate q and k itself")
 
     def kv_store_target(

@@ -16,6 +16,7 @@ from weft.kernels import (
     extend_work,
     store_kv,
 )
+from weft.kernels.l2 import L2Prefetch
 from weft.kernels.splits import decode_num_kv_splits
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch
@@ -76,6 +77,13 @@ class TritonAttentionBackend(AttentionBackend):
         # stores k and v too (forward_rotating); False keeps the model's rotary launch (A/B)
         self.fuse_rope = True
         self.decode_warps: int | None = None  # the decode kernel's warps; None: its default
+        # rotating decode steps of up to l2_prefetch_bs requests ask the L2 for the first
+        # l2_prefetch_fraction of the caller's next read (its o_proj weight) after their walk
+        # ("end"; "start" or "" off, for A/B). H200, batch 1-4: -0.015-0.025 ms a step at half
+        # the weight, none at all of it; "start" +0.13 ms (BENCHMARKS.md, twenty-fifth session)
+        self.l2_prefetch = "end"
+        self.l2_prefetch_bs = 4
+        self.l2_prefetch_fraction = 0.5
         self.work: torch.Tensor | None = None
         self._work_lens: tuple[list[int], list[int]] = ([], [])  # its extend and prefix lengths
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
@@ -223,10 +231,14 @@ class TritonAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         scale: float,
         cos_sin: torch.Tensor,
+        prefetch: torch.Tensor | None = None,
     ) -> torch.Tensor:
         assert self.rotates(batch), "forward_rotating serves only what rotates() accepts"
         rope = DecodeRope(batch.positions, cos_sin, k, v, batch.out_cache_loc)
-        return self._decode(q, layer, batch, scale, rope)
+        hint = None
+        if prefetch is not None and self.l2_prefetch and batch.batch_size <= self.l2_prefetch_bs:
+            hint = L2Prefetch(prefetch, self.l2_prefetch, self.l2_prefetch_fraction)
+        return self._decode(q, layer, batch, scale, rope, hint)
 
     ##### Internal Helper Functions #####
 
@@ -237,13 +249,14 @@ class TritonAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         scale: float,
         rope: DecodeRope | None = None,
+        hint: L2Prefetch | None = None,
     ) -> torch.Tensor:
         """A decode step's attention (q and the new k rotated here too with `rope`)."""
         return decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.req_to_token,
                                 batch.req_rows, batch.seq_lens, torch.empty_like(q), scale,
                                 self.num_kv_splits, kv_starts=self.kv_starts, shared=self.shared,
                                 pdl=self.pdl, rope=rope, sum_here=self.sum_here,
-                                num_warps=self.decode_warps)  # fmt: skip
+                                num_warps=self.decode_warps, l2_prefetch=hint)  # fmt: skip
 
     def _eager_plan(self, plan: SharedPrefixPlan) -> tuple[torch.Tensor, SharedPrefix]:
         starts, members, rows, lens = self._upload(plan, len(plan.kv_starts), plan.num_blocks)

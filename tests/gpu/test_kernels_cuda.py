@@ -148,6 +148,38 @@ def test_decode_attention_with_rope_equals_rotary_then_decode(bsz: int, fp8: boo
     assert_close(got, want.float(), 1e-3)
 
 
+@pytest.mark.parametrize("at", ["start", "end"])
+@pytest.mark.parametrize("bsz", [1, 4])
+def test_decode_l2_prefetch_changes_no_result(bsz: int, at: str) -> None:
+    """l2_prefetch only asks the L2 for bytes: the rotating decode launch writes the same
+    output and pool bytes with it as without, and the prefetched tensor stays as it was."""
+    from weft.kernels.l2 import L2Prefetch
+
+    lens = ragged(bsz, 1, 2048)
+    k_buffer, v_buffer, table, rows = bench.random_pool(lens, 16, 8, 128, torch.bfloat16)
+    seq_lens = torch.tensor(lens, device=DEV)
+    positions = seq_lens - 1
+    loc = table[rows, positions].long()
+    cache = wk.cos_sin_cache(1.0 / 500000 ** (torch.arange(0, 128, 2, device=DEV) / 128), 4096)
+    q, k, v = (torch.randn(bsz, h, 128, dtype=torch.bfloat16, device=DEV) for h in (32, 8, 8))
+    weight = torch.randn(4096, 4096 + 8, dtype=torch.bfloat16, device=DEV)  # ragged lines
+    before = weight.clone()
+    splits = wk.decode_num_kv_splits(bsz, 8, 2048, 132)
+    rope = wk.DecodeRope(positions, cache, k, v, loc)
+    outs = []
+    for hint in (None, L2Prefetch(weight, at)):
+        pool = (k_buffer.clone(), v_buffer.clone())
+        out = torch.full_like(q, float("nan"))
+        wk.decode_attention(q, *pool, table, rows, seq_lens, out, 128**-0.5, splits, rope=rope,
+                            l2_prefetch=hint)  # fmt: skip
+        outs.append((out, *pool))
+    for a, b in zip(outs[0], outs[1], strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(weight, before)
+    with pytest.raises(ValueError, match="L2Prefetch.at"):
+        L2Prefetch(weight, "middle").code()
+
+
 def test_decode_and_extend_attention_read_an_fp8_pool() -> None:
     """kv_cache_dtype fp8_e4m3 at real shapes: bf16 queries over an e4m3 pool (read upcast)."""
     fp8 = torch.float8_e4m3fn
