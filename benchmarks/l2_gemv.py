@@ -15,26 +15,13 @@ import argparse
 from collections.abc import Callable
 
 import torch
-from kernel_bench import copy_gbps, time_ms
+from kernel_bench import copy_gbps, graph_ms
 
 from weft.kernels import GemvLaunch, gemv
 from weft.kernels.l2 import prefetch_l2
 
 SHAPES = {"o_proj": (4096, 4096, GemvLaunch(64, 128, 1, 4, 6)),
           "qkv": (6144, 4096, GemvLaunch(64, 64, 1, 4, 8))}  # fmt: skip
-
-
-def graph_ms(body: Callable[[], None]) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        body()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    return time_ms(graph.replay)
 
 
 def gemv_us(ws: list[torch.Tensor], rows: int, launch: GemvLaunch, cycles: int) -> list[str]:
@@ -60,7 +47,7 @@ def gemv_us(ws: list[torch.Tensor], rows: int, launch: GemvLaunch, cycles: int) 
                 if with_gemv:
                     gemv(x, ws[i], out=out, launch=launch)
 
-        ms = (graph_ms(lambda: body(True)) - graph_ms(lambda: body(False))) / len(ws)
+        ms = (graph_ms([lambda: body(True)]) - graph_ms([lambda: body(False)])) / len(ws)
         cells.append(f"{label} {ms * 1e3:5.1f}")
     return cells
 

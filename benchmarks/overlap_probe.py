@@ -19,12 +19,11 @@ carveout show whether cuBLAS honoured it.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from functools import partial
 
 import torch
 import torch.nn.functional as F
-from kernel_bench import copy_gbps, decode_bytes, decode_setup, time_ms
+from kernel_bench import copy_gbps, decode_bytes, decode_setup, graph_ms
 
 HIDDEN, INTER, QKV = 4096, 14336, 6144
 
@@ -64,22 +63,6 @@ class Half:
         F.linear(y, layer["gate_up"])
         y = F.linear(self.h, layer["down"])
         F.linear(y, layer["qkv"])
-
-
-def graph_ms(body: Callable[[], None], reps: int) -> float:
-    """ms of one replay of a graph capturing body (warmed up on a side stream first)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        body()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        body()
-    ms = time_ms(graph.replay)
-    del graph
-    return ms
 
 
 def sequential(halves: list[Half], layers: list[dict[str, torch.Tensor]], n: int) -> None:
@@ -128,9 +111,9 @@ def probe(bsz: int, kv_len: int, kv_dtype: torch.dtype, carveouts: list[int], n:
     name = "fp8" if kv_dtype != torch.bfloat16 else "bf16"
     print(f"\nB={bsz}, kv {kv_len}, {name} pool ({full.splits} split(s); halves "
           f"{a.splits}); ms per layer over {n} layers")  # fmt: skip
-    attn = graph_ms(lambda: [full.attention() for _ in range(n)], 1) / n
+    attn = graph_ms([lambda: [full.attention() for _ in range(n)]]) / n
     print(f"  attention alone        {attn:7.3f}  ({kv_bytes / attn / 1e6 / ceiling:.0%} of copy)")
-    halves_attn = graph_ms(lambda: [h.attention() for _ in range(n) for h in (a, b)], 1) / n
+    halves_attn = graph_ms([lambda: [h.attention() for _ in range(n) for h in (a, b)]]) / n
     print(f"  attention, two halves  {halves_attn:7.3f}")
     for lib in ("cublas", "cublaslt"):
         torch.backends.cuda.preferred_blas_library(lib)
@@ -138,15 +121,15 @@ def probe(bsz: int, kv_len: int, kv_dtype: torch.dtype, carveouts: list[int], n:
             if not set_carveout(c) and c:
                 print("  (no torch._C._set_sm_carveout_experimental: carveouts skipped)")
                 break
-            gemm = graph_ms(lambda: [full.gemms(layers[i % 4]) for i in range(n)], 1) / n
-            half = graph_ms(lambda: [h.gemms(layers[i % 4]) for i in range(n) for h in (a, b)],
-                            1) / n  # fmt: skip
+            gemm = graph_ms([lambda: [full.gemms(layers[i % 4]) for i in range(n)]]) / n
+            half = graph_ms([lambda: [h.gemms(layers[i % 4]) for i in range(n) for h in (a, b)]])
+            half /= n
             print(f"  {lib:<8} carveout {c:3}: GEMMs alone {gemm:7.3f} ({flops / gemm / 1e9:4.0f} "
                   f"TF/s), two halves {half:7.3f}")  # fmt: skip
         set_carveout(0)
     torch.backends.cuda.preferred_blas_library("cublas")
-    seq = graph_ms(partial(sequential, [full], layers, n), 1) / n
-    seq_halves = graph_ms(partial(sequential, [a, b], layers, n), 1) / n
+    seq = graph_ms([partial(sequential, [full], layers, n)]) / n
+    seq_halves = graph_ms([partial(sequential, [a, b], layers, n)]) / n
     print(f"  runtime's order        {seq:7.3f}   halves one after the other {seq_halves:7.3f}")
     rows = []
     for lib in ("cublas", "cublaslt"):
@@ -159,7 +142,7 @@ def probe(bsz: int, kv_len: int, kv_dtype: torch.dtype, carveouts: list[int], n:
                 streams = {"equal": (lo, torch.cuda.Stream(priority=0)),
                            "attention high": (hi, lo), "gemms high": (lo, hi)}[prio]  # fmt: skip
                 for lockstep in (True, False):
-                    ms = graph_ms(partial(overlapped, a, b, layers, n, lockstep, streams), 1) / n
+                    ms = graph_ms([partial(overlapped, a, b, layers, n, lockstep, streams)]) / n
                     rows.append((ms, lib, c, prio, "lockstep" if lockstep else "free"))
         set_carveout(0)
     torch.backends.cuda.preferred_blas_library("cublas")
