@@ -261,6 +261,20 @@ def main() -> None:
     )
     ap.add_argument("--prefetch-bs", type=int, default=4)
     args = ap.parse_args()
+    for mode in args.prefetch_modes or []:
+        at, _, fraction = mode.partition(":")
+        try:
+            ok = at in ("off", "start", "end") and 0 < float(fraction or 1) <= 1
+        except ValueError:
+            ok = False
+        if not ok:
+            ap.error(f"--prefetch-modes: {mode!r} is not off, start or end[:FRACTION in (0, 1]]")
+    triton_only = [name for name in ("rope_modes", "attn_modes", "warp_modes", "prefetch_modes")
+                   if getattr(args, name)]  # fmt: skip
+    others = [b for b in args.backends if b.removesuffix("+graph") != "triton"]
+    if triton_only and others:
+        ap.error(f"--{triton_only[0].replace('_', '-')} switches the triton backend; drop "
+                 f"{', '.join(others)} from --backends")  # fmt: skip
     bandwidth = copy_bandwidth()
     print(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s (read + write)")
     rows: list[dict[str, Any]] = []

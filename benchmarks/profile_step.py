@@ -437,6 +437,8 @@ def main() -> None:
     )
     ap.add_argument("--no-radix-cache", action="store_true", help="scheduler: radix cache off")
     args = ap.parse_args()
+    if args.decode_warps and args.backend != "triton":
+        ap.error(f"--decode-warps sets the triton backend's decode kernel, not {args.backend}'s")
     if args.what == "runner":
         profile_runner(args)
     else:
