@@ -8,7 +8,6 @@ import torch
 import triton
 import triton.language as tl
 
-LINE = 128  # bytes per L2 line a prefetch asks for
 PREFETCH_AT = {"start": 1, "end": 2}  # where a kernel issues them (0: it does not)
 
 
@@ -67,4 +66,4 @@ def prefetch_l2(data: torch.Tensor, programs: int = 132) -> None:
     _prefetch_kernel[(programs,)](base, base.numel(), LINES=256, num_warps=4)
 
 
-__all__ = ["LINE", "L2Prefetch", "prefetch_l2", "prefetch_l2_part"]
+__all__ = ["L2Prefetch", "prefetch_l2", "prefetch_l2_part"]
