@@ -107,6 +107,92 @@ def _gemv_picks(runner: ModelRunner) -> str:
                 for shape, sizes in runner.graphs.gemv.items()})  # fmt: skip
 
 
+def _prefetch_ok(value: str) -> bool:
+    at, _, fraction = value.partition(":")
+    try:
+        return at in ("off", "start", "end") and 0 < float(fraction or 1) <= 1
+    except ValueError:
+        return False
+
+
+def _ahead_ok(value: str) -> bool:
+    fraction, _, keep = value.partition(":")
+    try:
+        return 0 <= float(fraction) <= 1 and keep in ("", "keep")
+    except ValueError:
+        return False
+
+
+# a step mode's settings (KEY=VALUE): the check of VALUE, what it switches, whether it is one of
+# the triton backend's own
+SETTINGS: dict[str, tuple[Any, str, bool]] = {
+    "gemv": (("auto", "on", "off").__contains__, "WEFT_GEMV", False),
+    "sum": (("here", "launch").__contains__, "WEFT_SPLIT_SUM (GEMV and decode)", False),
+    "ahead": (_ahead_ok, "FRACTION[:keep] of each skinny GEMV program's weight slice asked of "
+              "the L2 before it waits (keep: evict_last)", False),
+    "rope": (("fused", "separate").__contains__, "rotary in the decode kernel or not", True),
+    "attn": (("plain", "pdl").__contains__, "decode kernels as programmatic dependents", True),
+    "warps": (("auto", "2", "4").__contains__, "the decode kernel's warps", True),
+    "prefetch": (_prefetch_ok, "off|start|end[:FRACTION]: o_proj's weight asked of the L2 by "
+                 "the rotating decode kernel", True),
+    "trigger": (("on", "off").__contains__, "the decode kernel lets o_proj's GEMV launch at its "
+                "start", True),
+}  # fmt: skip
+
+
+def parse_mode(mode: str) -> dict[str, str]:
+    """'KEY=VALUE[,KEY=VALUE...]' -> its settings; ValueError names what is wrong."""
+    settings: dict[str, str] = {}
+    for item in mode.split(","):
+        key, eq, value = item.partition("=")
+        if not eq or key not in SETTINGS:
+            raise ValueError(f"{item!r} is not KEY=VALUE with KEY one of {sorted(SETTINGS)}")
+        if not SETTINGS[key][0](value):
+            raise ValueError(f"{key}={value!r}: {SETTINGS[key][1]} takes no such value")
+        settings[key] = value
+    return settings
+
+
+def _defaults(runner: ModelRunner) -> dict[str, Any]:
+    """The switches a step mode may set, as the runner was built (each mode starts from them)."""
+    graphs: Any = runner.graphs
+    names = ("gemv_mode", "sum_here", "gemv_l2_ahead", "gemv_l2_keep")
+    attn = ("sum_here", "decode_warps", "l2_prefetch", "l2_prefetch_fraction", "l2_prefetch_bs",
+            "fuse_rope", "pdl", "trigger")  # fmt: skip
+    return {"graphs": {n: getattr(graphs, n) for n in names},
+            "attn": {n: getattr(runner.attn, n) for n in attn if hasattr(runner.attn, n)}}  # fmt: skip
+
+
+def apply_mode(runner: ModelRunner, settings: dict[str, str], defaults: dict[str, Any],
+               prefetch_bs: int) -> None:  # fmt: skip
+    graphs: Any = runner.graphs
+    attn: Any = runner.attn  # the triton backend's switches for its own keys
+    for obj, key in ((graphs, "graphs"), (attn, "attn")):
+        for name, value in defaults[key].items():
+            setattr(obj, name, value)
+    for key, value in settings.items():
+        if key == "gemv":
+            graphs.gemv_mode = value
+        elif key == "sum":  # who sums split K (GEMV) and split KV (decode attention)
+            graphs.sum_here = attn.sum_here = value == "here"
+        elif key == "ahead":
+            fraction, _, keep = value.partition(":")
+            graphs.gemv_l2_ahead, graphs.gemv_l2_keep = float(fraction), keep == "keep"
+        elif key == "warps":  # the decode kernel's warps (auto: its default)
+            attn.decode_warps = None if value == "auto" else int(value)
+        elif key == "prefetch":  # the L2 prefetch of o_proj's weight (off: none)
+            at, _, fraction = value.partition(":")
+            attn.l2_prefetch = "" if at == "off" else at
+            attn.l2_prefetch_fraction = float(fraction or 1.0)
+            attn.l2_prefetch_bs = prefetch_bs
+        elif key == "rope":
+            attn.fuse_rope = value == "fused"
+        elif key == "trigger":
+            attn.trigger = value == "on"
+        else:
+            attn.pdl = value == "pdl"
+
+
 def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> list[dict[str, Any]]:
     folder = Path(args.config)
     hf = read_hf_config(folder)
@@ -149,36 +235,15 @@ def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> lis
                 "TFLOP/s": flops / t / 1e12,
             }
         )
-    # the same weights, graphs captured again per WEFT_GEMV mode, rotary placement or the
-    # decode attention kernels' launch
-    modes: list[str | None] = [f"gemv={m}" for m in args.gemv_modes or []]
-    modes += [f"rope={m}" for m in args.rope_modes or []]
-    modes += [f"attn={m}" for m in args.attn_modes or []]
-    modes += [f"sum={m}" for m in args.sum_modes or []]
-    modes += [f"warps={m}" for m in args.warp_modes or []]
-    modes += [f"prefetch={m}" for m in args.prefetch_modes or []]
+    # the same weights, graphs captured again per step mode (each from the runner's defaults)
+    modes: list[str | None] = list(args.modes)
     if runner.graphs is None or not modes:
         modes = [None]
+    defaults = _defaults(runner) if runner.graphs is not None else {}
     for mode in modes:
         if mode is not None:
             assert runner.graphs is not None
-            key, value = mode.split("=")
-            attn: Any = runner.attn  # rope and attn: the triton backend's switches
-            if key == "gemv":
-                runner.graphs.gemv_mode = value
-            elif key == "sum":  # who sums split K (GEMV) and split KV (decode attention)
-                runner.graphs.sum_here = attn.sum_here = value == "here"
-            elif key == "warps":  # the decode kernel's warps (auto: its default)
-                attn.decode_warps = None if value == "auto" else int(value)
-            elif key == "prefetch":  # the L2 prefetch of o_proj's weight (off: none)
-                at, _, fraction = value.partition(":")
-                attn.l2_prefetch = "" if at == "off" else at
-                attn.l2_prefetch_fraction = float(fraction or 1.0)
-                attn.l2_prefetch_bs = args.prefetch_bs
-            elif key == "rope":
-                attn.fuse_rope = value == "fused"
-            else:
-                attn.pdl = value == "pdl"
+            apply_mode(runner, parse_mode(mode), defaults, args.prefetch_bs)
             runner.graphs.capture()
             print(f"{backend}: {mode}: {_gemv_picks(runner)}")
         for b in args.batches:
@@ -260,20 +325,32 @@ def main() -> None:
         "with :FRACTION of the weight's bytes (end:0.5), for batches up to --prefetch-bs",
     )
     ap.add_argument("--prefetch-bs", type=int, default=4)
+    ap.add_argument(
+        "--step-modes",
+        nargs="+",
+        default=[],
+        help="the same per mode KEY=VALUE[,KEY=VALUE...], each from the runner's defaults; "
+        + "; ".join(f"{k}: {v[1]}" for k, v in SETTINGS.items()),
+    )
     args = ap.parse_args()
-    for mode in args.prefetch_modes or []:
-        at, _, fraction = mode.partition(":")
+    flags = {
+        "gemv": args.gemv_modes,
+        "rope": args.rope_modes,
+        "attn": args.attn_modes,
+        "sum": args.sum_modes,
+        "warps": args.warp_modes,
+        "prefetch": args.prefetch_modes,
+    }
+    args.modes = [f"{key}={m}" for key, ms in flags.items() for m in ms or []] + args.step_modes
+    triton_keys: set[str] = set()
+    for mode in args.modes:
         try:
-            ok = at in ("off", "start", "end") and 0 < float(fraction or 1) <= 1
-        except ValueError:
-            ok = False
-        if not ok:
-            ap.error(f"--prefetch-modes: {mode!r} is not off, start or end[:FRACTION in (0, 1]]")
-    triton_only = [name for name in ("rope_modes", "attn_modes", "warp_modes", "prefetch_modes")
-                   if getattr(args, name)]  # fmt: skip
+            triton_keys |= {k for k in parse_mode(mode) if SETTINGS[k][2]}
+        except ValueError as e:
+            ap.error(f"mode {mode!r}: {e}")
     others = [b for b in args.backends if b.removesuffix("+graph") != "triton"]
-    if triton_only and others:
-        ap.error(f"--{triton_only[0].replace('_', '-')} switches the triton backend; drop "
+    if triton_keys and others:
+        ap.error(f"modes with {', '.join(sorted(triton_keys))} switch the triton backend; drop "
                  f"{', '.join(others)} from --backends")  # fmt: skip
     bandwidth = copy_bandwidth()
     print(f"device-to-device copy: {bandwidth / 1e12:.2f} TB/s (read + write)")
