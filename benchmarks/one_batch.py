@@ -115,28 +115,16 @@ def _prefetch_ok(value: str) -> bool:
         return False
 
 
-def _ahead_ok(value: str) -> bool:
-    fraction, _, keep = value.partition(":")
-    try:
-        return 0 <= float(fraction) <= 1 and keep in ("", "keep")
-    except ValueError:
-        return False
-
-
 # a step mode's settings (KEY=VALUE): the check of VALUE, what it switches, whether it is one of
 # the triton backend's own
 SETTINGS: dict[str, tuple[Any, str, bool]] = {
     "gemv": (("auto", "on", "off").__contains__, "WEFT_GEMV", False),
     "sum": (("here", "launch").__contains__, "WEFT_SPLIT_SUM (GEMV and decode)", False),
-    "ahead": (_ahead_ok, "FRACTION[:keep] of each skinny GEMV program's weight slice asked of "
-              "the L2 before it waits (keep: evict_last)", False),
     "rope": (("fused", "separate").__contains__, "rotary in the decode kernel or not", True),
     "attn": (("plain", "pdl").__contains__, "decode kernels as programmatic dependents", True),
     "warps": (("auto", "2", "4").__contains__, "the decode kernel's warps", True),
     "prefetch": (_prefetch_ok, "off|start|end[:FRACTION]: o_proj's weight asked of the L2 by "
                  "the rotating decode kernel", True),
-    "trigger": (("on", "off").__contains__, "the decode kernel lets o_proj's GEMV launch at its "
-                "start", True),
 }  # fmt: skip
 
 
@@ -156,9 +144,9 @@ def parse_mode(mode: str) -> dict[str, str]:
 def _defaults(runner: ModelRunner) -> dict[str, Any]:
     """The switches a step mode may set, as the runner was built (each mode starts from them)."""
     graphs: Any = runner.graphs
-    names = ("gemv_mode", "sum_here", "gemv_l2_ahead", "gemv_l2_keep")
+    names = ("gemv_mode", "sum_here")
     attn = ("sum_here", "decode_warps", "l2_prefetch", "l2_prefetch_fraction", "l2_prefetch_bs",
-            "fuse_rope", "pdl", "trigger")  # fmt: skip
+            "fuse_rope", "pdl")  # fmt: skip
     return {"graphs": {n: getattr(graphs, n) for n in names},
             "attn": {n: getattr(runner.attn, n) for n in attn if hasattr(runner.attn, n)}}  # fmt: skip
 
@@ -175,9 +163,6 @@ def apply_mode(runner: ModelRunner, settings: dict[str, str], defaults: dict[str
             graphs.gemv_mode = value
         elif key == "sum":  # who sums split K (GEMV) and split KV (decode attention)
             graphs.sum_here = attn.sum_here = value == "here"
-        elif key == "ahead":
-            fraction, _, keep = value.partition(":")
-            graphs.gemv_l2_ahead, graphs.gemv_l2_keep = float(fraction), keep == "keep"
         elif key == "warps":  # the decode kernel's warps (auto: its default)
             attn.decode_warps = None if value == "auto" else int(value)
         elif key == "prefetch":  # the L2 prefetch of o_proj's weight (off: none)
@@ -187,8 +172,6 @@ def apply_mode(runner: ModelRunner, settings: dict[str, str], defaults: dict[str
             attn.l2_prefetch_bs = prefetch_bs
         elif key == "rope":
             attn.fuse_rope = value == "fused"
-        elif key == "trigger":
-            attn.trigger = value == "on"
         else:
             attn.pdl = value == "pdl"
 

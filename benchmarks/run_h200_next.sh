@@ -38,11 +38,6 @@
 #                                             # decode steps at batch 1, 8, 64 (here: -0.055 ms at
 #                                             # 1 and 8, twenty-third session), small-batch decode
 #                                             # launches merged here or by the reduce
-#   bash benchmarks/run_h200_next.sh ahead    # skinny GEMVs asking the L2 for their weight
-#                                             # before their wait (GemvLaunch.l2_ahead), with
-#                                             # the decode kernel letting o_proj launch at once
-#                                             # (trigger) or not: GPU tests, decode steps at
-#                                             # batch 1, 4, 8 per step mode (MODES overrides)
 #   bash benchmarks/run_h200_fp8.sh prefix    # prefix sharing end to end
 # NOTE: never `git checkout HEAD -- ...` on the device: its copy carries the .git of the landed
 # main, so that restores the session's starting code (tenth session, calls 4-5).
@@ -132,16 +127,5 @@ case "${1:-}" in
     timeout "${SMALL_S:-200}" python3 decode_parts.py --small --batches 1 8 2>&1 \
       | grep -v Warning | tee "$OUT/small.log"
     ;;
-  ahead)
-    timeout "${TEST_S:-120}" python3 -m pytest -v -p no:cacheprovider tests/gpu/test_kernels_cuda.py \
-      -k "programmatic or decode_layer or l2_prefetch" 2>&1 \
-      | grep -E "PASSED|FAILED|ERROR|passed|failed" | tee "$OUT/tests_ahead.log"
-    cd benchmarks
-    # shellcheck disable=SC2086
-    timeout "${STEP_S:-400}" python3 one_batch.py --backends triton+graph --batches ${BATCHES:-1 4 8} \
-      --reps 20 --step-modes ${MODES:-ahead=0 ahead=0.25 ahead=0.5 ahead=1 ahead=0.5:keep \
-      trigger=on,ahead=0.5 trigger=on,ahead=0.5,prefetch=off ahead=0} 2>&1 | grep -v Warning \
-      | tee "$OUT/ahead_modes.log" | grep -E "^\{|copy" | grep -v prefill
-    ;;
-  *) echo "usage: $0 checks|extend|extprof|tune|nogap|gemv|gemvstep|trace|sums|ahead" >&2; exit 2 ;;
+  *) echo "usage: $0 checks|extend|extprof|tune|nogap|gemv|gemvstep|trace|sums" >&2; exit 2 ;;
 esac

@@ -103,7 +103,6 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     SATURATE: tl.constexpr,  # (ROPE) clamp to +-SATURATE before the pool's cast (fp8), if > 0
     PDL: tl.constexpr,  # launched as a programmatic dependent: the next kernel may launch now
     PREFETCH: tl.constexpr,  # 0, or where the programs prefetch into L2: 1 first, 2 after the walk
-    TRIGGER: tl.constexpr,  # (not PDL) still let a programmatic dependent launch at once
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -112,9 +111,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     parts = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
     if PREFETCH == 1:  # the bytes do not depend on the kernel before
         prefetch_l2_part(Prefetch, prefetch_bytes, part, parts, 256)
-    if PDL or TRIGGER:
-        gdc_launch_dependents()
     if PDL:
+        gdc_launch_dependents()
         gdc_wait()
     row = tl.load(Req_rows + b).to(tl.int64)
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
@@ -347,7 +345,6 @@ def decode_attention(
     rope: DecodeRope | None = None,
     sum_here: bool = True,
     l2_prefetch: L2Prefetch | None = None,
-    trigger: bool = False,
 ) -> torch.Tensor:
     """Attention of each request's one query over its whole paged KV; returns `out`.
 
@@ -374,11 +371,6 @@ def decode_attention(
     `l2_prefetch` (CUDA; ignored by the interpreter): the programs ask the L2 for those bytes,
     each its share, at their start or after their walk, for the kernel that runs next (a small
     decode leaves HBM mostly idle; the o_proj weight is the next kernel's read).
-
-    `trigger` (without `pdl`; CUDA, compute capability 9.0+): the split kernel's programs let
-    a next kernel launched as a programmatic dependent start at once (it still waits for this
-    one to end before it reads its output): e.g. a skinny GEMV that asks the L2 for its weight
-    meanwhile (GemvLaunch.l2_ahead).
 
     `partials` is an optional workspace (float32 [B', H, S', D] and [B', H, S'] with B' >= B,
     S' >= num_kv_splits + shared.num_splits) so CUDA-graph replays reuse one buffer. No host sync:
@@ -443,7 +435,6 @@ def decode_attention(
         return out
     width = num_kv_splits + prefix_splits
     pdl = pdl and supports_pdl(dev)
-    trigger = trigger and not pdl and supports_pdl(dev)
     # one split: the split kernel writes `out`, after merging the prefix kernel's columns if any
     direct = num_kv_splits == 1
     if direct and shared is None:
@@ -491,7 +482,7 @@ def decode_attention(
         DIRECT=direct, SUM_HERE=counters is not None,
         BLOCK_S=triton.next_power_of_2(num_kv_splits), ROPE=rope is not None,
         SATURATE=FP8_MAX if rope is not None and k_buffer.dtype == FP8_KV else 0.0,
-        PDL=pdl, launch_pdl=pdl, PREFETCH=prefetch_at, TRIGGER=trigger,
+        PDL=pdl, launch_pdl=pdl, PREFETCH=prefetch_at,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
     if direct or counters is not None:

@@ -54,29 +54,6 @@ def prefetch_l2_part(Base, nbytes, part, parts, LINES: tl.constexpr):  # type: i
 
 
 @triton.jit
-def prefetch_l2_rows(  # type: ignore[no-untyped-def]
-    Rows, nbytes, lines, LINES: tl.constexpr, KEEP: tl.constexpr
-):
-    """Ask the L2 for the first `lines` 128-byte lines of each row that Rows points at (a
-    [R] tensor of pointers, any element type; each row nbytes long), LINES lines per row per
-    step; KEEP: with evict_last, else evict_normal. Fire and forget, as prefetch_l2_part."""
-    base = Rows.to(tl.pointer_type(tl.uint8))
-    for j in range(0, lines, LINES):
-        offs = tl.minimum(j * 128 + tl.arange(0, LINES).to(tl.int64) * 128, nbytes - 1)
-        ptrs = base[:, None] + offs[None, :]
-        if KEEP:
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2::evict_last [$1];\n\tmov.u32 $0, 0;",
-                "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
-        else:
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;",
-                "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
-
-
-@triton.jit
 def _prefetch_kernel(Base, nbytes, LINES: tl.constexpr):  # type: ignore[no-untyped-def]
     prefetch_l2_part(Base, nbytes, tl.program_id(0), tl.num_programs(0), LINES)
 
@@ -89,4 +66,4 @@ def prefetch_l2(data: torch.Tensor, programs: int = 132) -> None:
     _prefetch_kernel[(programs,)](base, base.numel(), LINES=256, num_warps=4)
 
 
-__all__ = ["L2Prefetch", "prefetch_l2", "prefetch_l2_part", "prefetch_l2_rows"]
+__all__ = ["L2Prefetch", "prefetch_l2", "prefetch_l2_part"]

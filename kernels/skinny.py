@@ -12,7 +12,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._check import check_tensor, supports_pdl
 from .arrivals import arrival_counters
-from .l2 import prefetch_l2_rows
 
 MAX_ROWS = 16  # rows of x one launch serves (x^T is a dot operand padded to 16 columns)
 
@@ -25,12 +24,7 @@ class GemvLaunch:
     sums go to a buffer; with sum_here the last program of a tile to finish adds them up (and
     rounds them), else one more launch does (the same sum, bit for bit). (A dot-free kind with
     the next tile's load issued by hand reached 37-83% of copy speed against this one's 66-98%:
-    BENCHMARKS.md, twentieth session.)
-
-    l2_ahead: launched as a programmatic dependent, each program asks the L2 for that fraction
-    of its W slice (fire and forget) before it waits for the kernel before: W does not depend
-    on it, so HBM streams the weight while that kernel ends and this one ramps up. l2_keep:
-    the lines are asked for with evict_last (else evict_normal)."""
+    BENCHMARKS.md, twentieth session.)"""
 
     block_n: int = 64
     block_k: int = 128
@@ -38,12 +32,8 @@ class GemvLaunch:
     num_warps: int = 4
     num_stages: int = 4
     sum_here: bool = True
-    l2_ahead: float = 0.0
-    l2_keep: bool = False
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.l2_ahead <= 1.0:
-            raise ValueError(f"GemvLaunch.l2_ahead must be in [0, 1], got {self.l2_ahead}")
         for name in ("block_n", "block_k", "split_k", "num_warps"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
@@ -125,7 +115,6 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
     N,
     K,
     K_SLICE,  # K per split, a multiple of BLOCK_K
-    ahead_lines,  # (AHEAD) 128-byte lines of each W row's slice asked of the L2 before the wait
     stride_xm,
     stride_wn,
     BLOCK_N: tl.constexpr,
@@ -137,8 +126,6 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
     SILU_MUL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 weights (no tf32 rounding)
     PDL: tl.constexpr,  # launched as a programmatic dependent (see gemv)
-    AHEAD: tl.constexpr,  # (PDL) prefetch ahead_lines of W's rows before the wait
-    KEEP: tl.constexpr,  # (AHEAD) with evict_last
 ):
     pid_k = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -148,14 +135,10 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
     m_mask = offs_m < M
     k_lo = pid_k * K_SLICE
     k_hi = tl.minimum(k_lo + K_SLICE, K)
-    dtype = W.dtype.element_ty
     if PDL:  # let the next kernel launch (it waits for this one), then wait for x
         gdc_launch_dependents()
-        if AHEAD:  # W does not depend on the kernel before: the L2 may fetch it meanwhile
-            rows = W + tl.minimum(offs_n, N - 1).to(tl.int64) * stride_wn + k_lo
-            prefetch_l2_rows(rows, (k_hi - k_lo) * (dtype.primitive_bitwidth // 8), ahead_lines,
-                             8, KEEP)  # fmt: skip
         gdc_wait()
+    dtype = W.dtype.element_ty
     acc = tl.zeros([BLOCK_N, 16], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + offs_k
@@ -249,15 +232,12 @@ def gemv(
               "EVEN": even, "HAS_BIAS": bias is not None, "SUM_HERE": counters is not None,
               "SILU_MUL": silu_mul, "num_warps": launch.num_warps,
               "num_stages": launch.num_stages}  # fmt: skip
-    pdl = pdl and supports_pdl(weight.device)
-    ahead = pdl and launch.l2_ahead > 0  # NOTE: inline PTX: never under the interpreter
-    ahead_lines = triton.cdiv(int(launch.l2_ahead * k_slice * weight.element_size()), 128)
     args = (x, weight, bias if bias is not None else weight, out, part,
-            part if counters is None else counters, rows, n, k, k_slice, ahead_lines,
-            x.stride(0), weight.stride(0))  # fmt: skip
+            part if counters is None else counters, rows, n, k, k_slice, x.stride(0),
+            weight.stride(0))  # fmt: skip
     precision = "ieee" if weight.dtype == torch.float32 else "tf32"
-    _gemv_kernel[grid](*args, DOT_PRECISION=precision, PDL=pdl, launch_pdl=pdl, AHEAD=ahead,
-                       KEEP=launch.l2_keep, **common)  # fmt: skip
+    pdl = pdl and supports_pdl(weight.device)
+    _gemv_kernel[grid](*args, DOT_PRECISION=precision, PDL=pdl, launch_pdl=pdl, **common)
     if split > 1 and counters is None:
         block = 1024
         _split_sum_kernel[(triton.cdiv(rows * n, block),)](

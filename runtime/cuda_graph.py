@@ -79,10 +79,6 @@ class GraphRunner:
         self.sum_here = sum_here_from_env()  # split-K GEMVs sum their slices themselves
         # per projection shape, the sizes whose graphs run the skinny GEMV, and its launch
         self.gemv: dict[skinny.Shape, dict[int, Any]] = {}
-        # each skinny GEMV program asks the L2 for this fraction of its weight slice before it
-        # waits for the kernel before (GemvLaunch.l2_ahead; with evict_last if gemv_l2_keep)
-        self.gemv_l2_ahead = 0.0
-        self.gemv_l2_keep = False
 
     def static_batch(self, bs: int) -> ForwardBatch:
         return ForwardBatch(
@@ -103,8 +99,7 @@ class GraphRunner:
             self.blas = choose(self.sizes, projection_timer(self.model, self.sizes[-1]))
         else:
             self.blas = dict.fromkeys(self.sizes, self.blas_mode)
-        self.gemv = skinny.choose(self.model, self.sizes, self.gemv_mode, self.sum_here,
-                                  self.gemv_l2_ahead, self.gemv_l2_keep)  # fmt: skip
+        self.gemv = skinny.choose(self.model, self.sizes, self.gemv_mode, self.sum_here)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

@@ -47,25 +47,18 @@ def by_shape(model: nn.Module) -> dict[Shape, list[Projection]]:
 
 
 def choose(
-    model: nn.Module,
-    sizes: Sequence[int],
-    mode: str,
-    sum_here: bool = True,
-    l2_ahead: float = 0.0,
-    l2_keep: bool = False,
+    model: nn.Module, sizes: Sequence[int], mode: str, sum_here: bool = True
 ) -> dict[Shape, dict[int, Any]]:
     """Set each Projection's gemv_launches (batch size -> GemvLaunch) for every size the GEMV
     serves, with the launch timed fastest for its shape (none with mode off, off CUDA, on a GPU
     older than compute capability 8.0, or where no candidate launch fits); returns them per
     shape. Whether a size keeps them is the graph runner's call (auto: the faster whole step).
-    `sum_here`: split-K launches sum their slices in the GEMV (GemvLaunch.sum_here); `l2_ahead`,
-    `l2_keep`: the launches' L2 prefetch before their wait (GemvLaunch; timed without it, as
-    the timer's launches are not programmatic dependents)."""
+    `sum_here`: split-K launches sum their slices in the GEMV (GemvLaunch.sum_here)."""
     picks: dict[Shape, dict[int, Any]] = {}
     for shape, mods in by_shape(model).items():
         device = mods[0].weight.device
         serves = mode != "off" and device.type == "cuda" and _compiles_for(device)
-        picks[shape] = _pick(mods, sizes, sum_here, l2_ahead, l2_keep) if serves else {}
+        picks[shape] = _pick(mods, sizes, sum_here) if serves else {}
         for m in mods:
             m.gemv_launches = dict(picks[shape])
     return picks
@@ -88,9 +81,7 @@ def restore_size(dropped: list[tuple[Projection, Any]], size: int) -> None:
         m.gemv_launches[size] = launch
 
 
-def _pick(
-    mods: list[Projection], sizes: Sequence[int], sum_here: bool, l2_ahead: float, l2_keep: bool
-) -> dict[int, Any]:
+def _pick(mods: list[Projection], sizes: Sequence[int], sum_here: bool) -> dict[int, Any]:
     """Every size the GEMV serves, with the candidate launch timed fastest over all of mods (at
     the largest such size: the GEMV's time hardly depends on the rows, x^T being padded to 16)."""
     from weft.kernels.skinny import MAX_ROWS, GemvLaunch
@@ -98,8 +89,7 @@ def _pick(
     small = [s for s in sizes if s <= MAX_ROWS]
     if not small:
         return {}
-    launches = [GemvLaunch(*c, sum_here=sum_here, l2_ahead=l2_ahead, l2_keep=l2_keep)
-                for c in CANDIDATES]  # fmt: skip
+    launches = [GemvLaunch(*c, sum_here=sum_here) for c in CANDIDATES]
     timer = _GraphTimer(mods, max(small))
     timed = [(timer.us(timer.gemv_op(c)), c) for c in launches if timer.fits(c)]
     if not timed:  # e.g. a GPU with less shared memory than every candidate asks for

@@ -84,9 +84,6 @@ class TritonAttentionBackend(AttentionBackend):
         self.l2_prefetch = "end"
         self.l2_prefetch_bs = 4
         self.l2_prefetch_fraction = 0.5
-        # (pdl off) the decode kernel still lets the next kernel (o_proj's skinny GEMV, a
-        # programmatic dependent) launch at once, so it can ask the L2 for its weight meanwhile
-        self.trigger = False
         self.work: torch.Tensor | None = None
         self._work_lens: tuple[list[int], list[int]] = ([], [])  # its extend and prefix lengths
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
@@ -259,8 +256,7 @@ class TritonAttentionBackend(AttentionBackend):
                                 batch.req_rows, batch.seq_lens, torch.empty_like(q), scale,
                                 self.num_kv_splits, kv_starts=self.kv_starts, shared=self.shared,
                                 pdl=self.pdl, rope=rope, sum_here=self.sum_here,
-                                num_warps=self.decode_warps, l2_prefetch=hint,
-                                trigger=self.trigger)  # fmt: skip
+                                num_warps=self.decode_warps, l2_prefetch=hint)  # fmt: skip
 
     def _eager_plan(self, plan: SharedPrefixPlan) -> tuple[torch.Tensor, SharedPrefix]:
         starts, members, rows, lens = self._upload(plan, len(plan.kv_starts), plan.num_blocks)

@@ -387,12 +387,10 @@ def _replays_match_plain_launches(chain: Callable[[bool], tuple[torch.Tensor, ..
             assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), pdl
 
 
-@pytest.mark.parametrize(("ahead", "keep"), [(0.0, False), (0.5, False), (1.0, True)])
-def test_programmatic_dependents_in_a_graph_match_plain_launches(ahead: float, keep: bool) -> None:
+def test_programmatic_dependents_in_a_graph_match_plain_launches() -> None:
     """RMSNorm -> GEMV -> GEMV (SiLU folded) -> RMSNorm, three times over, as programmatic
     dependents in one CUDA graph: every launch may start while the one before finishes, so a
-    missing wait would read a stale input. The outputs equal the plain launches' bit for bit,
-    with the GEMVs asking the L2 for part of their weight before their wait too (l2_ahead)."""
+    missing wait would read a stale input. The outputs equal the plain launches' bit for bit."""
     if not wk.supports_pdl(torch.device(DEV)):
         pytest.skip("programmatic dependent launch needs compute capability 9.0+")
     hidden, inter = 1024, 3584
@@ -401,7 +399,7 @@ def test_programmatic_dependents_in_a_graph_match_plain_launches(ahead: float, k
            (torch.randn(hidden, inter, device=DEV) / inter**0.5).to(torch.bfloat16))
           for _ in range(3)]  # fmt: skip
     x0 = torch.randn(2, hidden, dtype=torch.bfloat16, device=DEV)
-    launch = wk.GemvLaunch(64, 128, 2, 4, 4, l2_ahead=ahead, l2_keep=keep)
+    launch = wk.GemvLaunch(64, 128, 2, 4, 4)
 
     def chain(pdl: bool) -> tuple[torch.Tensor, torch.Tensor]:
         x, res = x0.clone(), torch.zeros_like(x0)
@@ -415,16 +413,12 @@ def test_programmatic_dependents_in_a_graph_match_plain_launches(ahead: float, k
     _replays_match_plain_launches(chain)
 
 
-@pytest.mark.parametrize(("rope", "trigger"), [(False, False), (True, False), (True, True)])
-def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches(
-    rope: bool, trigger: bool
-) -> None:
+@pytest.mark.parametrize("rope", [False, True])
+def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches(rope: bool) -> None:
     """add + RMSNorm -> qkv GEMV -> rotary (K/V into the pool) -> decode attention (split and
     reduce) -> o_proj GEMV, twice over, every launch a programmatic dependent (WEFT_PDL=all) in
     one CUDA graph: bit for bit the plain launches' outputs and pool. `rope`: the rotation and
-    the store in the decode kernel instead (DecodeRope). `trigger`: the decode kernel is a
-    plain launch that lets the o_proj GEMV launch at once, and the GEMVs ask the L2 for their
-    weights before their wait (as WEFT_PDL=on with the attention backend's trigger)."""
+    the store in the decode kernel instead (DecodeRope)."""
     if not wk.supports_pdl(torch.device(DEV)):
         pytest.skip("programmatic dependent launch needs compute capability 9.0+")
     heads, kv_heads, dim, slots = 8, 2, 128, 8192
@@ -441,7 +435,7 @@ def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches(
     positions = seq_lens - 1
     loc = table[rows, positions].long()
     x0 = torch.randn(2, hidden, dtype=torch.bfloat16, device=DEV)
-    launch = wk.GemvLaunch(64, 128, 2, 4, 4, l2_ahead=1.0 if trigger else 0.0)
+    launch = wk.GemvLaunch(64, 128, 2, 4, 4)
 
     def layer_chain(pdl: bool) -> tuple[torch.Tensor, ...]:
         k_pool, v_pool = k0.clone(), v0.clone()
@@ -460,8 +454,7 @@ def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches(
                                     pdl=pdl)  # fmt: skip
             out = torch.empty(2, heads, dim, dtype=torch.bfloat16, device=DEV)
             wk.decode_attention(q, k_pool, v_pool, table, rows, seq_lens, out, dim**-0.5, 8,
-                                pdl=pdl and not trigger, rope=rotate,
-                                trigger=pdl and trigger)  # fmt: skip
+                                pdl=pdl, rope=rotate)  # fmt: skip
             x = wk.gemv(out.view(2, hidden), w_o, launch=launch, pdl=pdl)
         return x, res, k_pool, v_pool
 

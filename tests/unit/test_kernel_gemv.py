@@ -83,7 +83,4 @@ def test_gemv_refuses_what_it_cannot_serve() -> None:
         wk.GemvLaunch(block_n=8)
     with pytest.raises(ValueError, match="num_stages"):
         wk.GemvLaunch(num_stages=0)
-    for ahead in (-0.1, 1.5):
-        with pytest.raises(ValueError, match=r"l2_ahead must be in \[0, 1\]"):
-            wk.GemvLaunch(l2_ahead=ahead)
     assert wk.skinny.supports_gemv(torch.device("cpu"))  # the interpreter runs it anywhere
