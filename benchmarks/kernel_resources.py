@@ -95,6 +95,7 @@ def main() -> None:
         "SATURATE": 0.0,
         "PDL": False,
         "PREFETCH": 0,
+        "TRACE": False,
     }
     decode = ((128, 4, 3, "fp8"), (128, 8, 3, "fp8"), (64, 4, 3, "fp8"), (32, 2, 2, "fp8"),
               (64, 4, 3, "bf16"))  # fmt: skip

@@ -38,13 +38,14 @@ def compile_split_kernel(
            "Seq_lens": "*i32", "Kv_starts": "*i32", "Part_o": "*fp32", "Part_lse": "*fp32",
            "Out": "*bf16", "Positions": "*i32", "Cos_sin": "*fp32", "K_new": "*bf16",
            "V_new": "*bf16", "Loc": "*i32", "Counters": "*i32", "Prefetch": "*u8",
-           "prefetch_bytes": "i32", "qk_scale": "fp32", "num_splits": "i32", "num_prefix_splits": "i32",
+           "prefetch_bytes": "i32", "Trace": "*i64", "qk_scale": "fp32", "num_splits": "i32", "num_prefix_splits": "i32",
            "col0": "i32"}  # fmt: skip
     sig.update(dict.fromkeys(STRIDES, "i32"))
     consts = {"G": 4, "D": 128, "BLOCK_H": 16, "BLOCK_D": 128, "BLOCK_N": block_n,
               "PREFIX_BLOCK_N": 64, "DOT_PRECISION": "tf32", "FP16_DOTS": fp8, "HAS_KV_STARTS": False,
               "V_STAGED": fp8 and staged, "DIRECT": False, "SUM_HERE": False, "BLOCK_S": 32,
-              "ROPE": False, "SATURATE": 0.0, "PDL": False, "PREFETCH": 0}  # fmt: skip
+              "ROPE": False, "SATURATE": 0.0, "PDL": False, "PREFETCH": 0,
+              "TRACE": False}  # fmt: skip
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)
     aligned = [n for n in names if sig[n].startswith("*") or n.startswith("stride")]

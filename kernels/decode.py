@@ -15,6 +15,7 @@ from .arrivals import arrival_counters
 from .attend import LOG2E, _attend
 from .l2 import L2Prefetch, prefetch_l2_part
 from .rotary import _rope_neox, _to_pool
+from .timeline import now, stamp, trace_for
 
 if TYPE_CHECKING:
     from .shared_prefix import SharedPrefix
@@ -63,6 +64,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     Counters,  # [B * Hkv] int32 arrivals per (request, kv head), zeros (SUM_HERE)
     Prefetch,  # uint8 (when PREFETCH): bytes the programs ask the L2 for, the next kernel's
     prefetch_bytes,
+    Trace,  # int64 (when TRACE) per program: start, wait returned, walk done, end (ns)
     qk_scale,  # softmax scale * log2(e)
     num_splits,
     num_prefix_splits,  # columns col0.. hold the shared prefix's splits (DIRECT, HAS_KV_STARTS)
@@ -103,7 +105,9 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     SATURATE: tl.constexpr,  # (ROPE) clamp to +-SATURATE before the pool's cast (fp8), if > 0
     PDL: tl.constexpr,  # launched as a programmatic dependent: the next kernel may launch now
     PREFETCH: tl.constexpr,  # 0, or where the programs prefetch into L2: 1 first, 2 after the walk
+    TRACE: tl.constexpr,  # write the program's stamps (kernels/timeline.py)
 ):
+    t0 = now() if TRACE else 0
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -114,6 +118,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
+    t1 = now() if TRACE else 0
+    t2 = t1
     row = tl.load(Req_rows + b).to(tl.int64)
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
     kv_start = 0
@@ -162,6 +168,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
             tl.store(o_ptrs + offs_d[None, :], acc / l_i[:, None], mask=hd_mask)
             lse_ptrs = Part_lse + b * stride_lb + heads * stride_lh + split
             tl.store(lse_ptrs, m_i + tl.log2(l_i), mask=h_mask)
+        if TRACE:
+            t2 = now()
     if SUM_HERE:  # every split arrives, walked or not; the last merges the group's q heads
         tl.debug_barrier()  # every thread's partial stored before the arrival is counted
         group = Counters + b * tl.num_programs(1) + kvh
@@ -196,6 +204,12 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # seq_len 0 (graph padding): zeros
         out_ptrs = Out + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :]
         tl.store(out_ptrs, o.to(Out.dtype.element_ty), mask=hd_mask)
+    if TRACE:
+        t3 = now()
+        stamp(Trace, part, 0, t0)
+        stamp(Trace, part, 1, t1)
+        stamp(Trace, part, 2, t2)
+        stamp(Trace, part, 3, t3)
 
 
 @triton.jit
@@ -466,10 +480,11 @@ def decode_attention(
 
         shared_prefix_splits(q, k_buffer, v_buffer, req_to_token, shared, (part_o, part_lse),
                              scale, num_kv_splits, prefix_block_n)  # fmt: skip
+    trace, traced = trace_for("decode_split", bsz * num_kv_heads * num_kv_splits, seq_lens)
     _decode_split_kernel[(bsz, num_kv_heads, num_kv_splits)](
         q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, starts, part_o, part_lse, out,
         positions, cos_sin, k_new, v_new, loc, seq_lens if counters is None else counters,
-        prefetch_base, prefetch_base.numel(), scale * LOG2E, num_kv_splits,
+        prefetch_base, prefetch_base.numel(), trace, scale * LOG2E, num_kv_splits,
         max(prefix_splits, 1), num_kv_splits,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
@@ -482,7 +497,7 @@ def decode_attention(
         DIRECT=direct, SUM_HERE=counters is not None,
         BLOCK_S=triton.next_power_of_2(num_kv_splits), ROPE=rope is not None,
         SATURATE=FP8_MAX if rope is not None and k_buffer.dtype == FP8_KV else 0.0,
-        PDL=pdl, launch_pdl=pdl, PREFETCH=prefetch_at,
+        PDL=pdl, launch_pdl=pdl, PREFETCH=prefetch_at, TRACE=traced,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
     if direct or counters is not None:

@@ -12,6 +12,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._check import check_tensor, supports_pdl
 from .arrivals import arrival_counters
+from .timeline import now, stamp, trace_for
 
 MAX_ROWS = 16  # rows of x one launch serves (x^T is a dot operand padded to 16 columns)
 
@@ -111,6 +112,7 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
     Out,  # [M, N] in W's dtype (unless SPLIT_K > 1 and not SUM_HERE)
     Part,  # [SPLIT_K, M, N] float32 partial sums (when SPLIT_K > 1)
     Counters,  # [>= N / BLOCK_N] int32 arrivals per tile, zeros (SUM_HERE)
+    Trace,  # int64 (when TRACE) per program: start, wait returned, K walked, end (ns)
     M,
     N,
     K,
@@ -126,7 +128,9 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
     SILU_MUL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 weights (no tf32 rounding)
     PDL: tl.constexpr,  # launched as a programmatic dependent (see gemv)
+    TRACE: tl.constexpr,  # write the program's stamps (kernels/timeline.py)
 ):
+    t0 = now() if TRACE else 0
     pid_k = tl.program_id(1)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, 16)  # x^T padded to the smallest dot width
@@ -138,6 +142,7 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
     if PDL:  # let the next kernel launch (it waits for this one), then wait for x
         gdc_launch_dependents()
         gdc_wait()
+    t1 = now() if TRACE else 0
     dtype = W.dtype.element_ty
     acc = tl.zeros([BLOCK_N, 16], tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -146,8 +151,16 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
         w = _w_tile(W, offs_n, k, n_mask, k_mask, stride_wn, EVEN)
         xt = _xt_tile(X, offs_m, k, m_mask, k_mask, stride_xm, K, dtype, SILU_MUL)
         acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION)
+    t2 = now() if TRACE else 0
     _finish(tl.trans(acc), Bias, Out, Part, Counters, offs_m, offs_n, m_mask, n_mask, pid_k, M,
             N, SPLIT_K, HAS_BIAS, SUM_HERE)  # fmt: skip
+    if TRACE:
+        program = tl.program_id(0) * SPLIT_K + pid_k
+        t3 = now()
+        stamp(Trace, program, 0, t0)
+        stamp(Trace, program, 1, t1)
+        stamp(Trace, program, 2, t2)
+        stamp(Trace, program, 3, t3)
 
 
 @triton.jit
@@ -232,12 +245,14 @@ def gemv(
               "EVEN": even, "HAS_BIAS": bias is not None, "SUM_HERE": counters is not None,
               "SILU_MUL": silu_mul, "num_warps": launch.num_warps,
               "num_stages": launch.num_stages}  # fmt: skip
+    trace, traced = trace_for(f"gemv {n}x{k}", grid[0] * grid[1], out)
     args = (x, weight, bias if bias is not None else weight, out, part,
-            part if counters is None else counters, rows, n, k, k_slice, x.stride(0),
+            part if counters is None else counters, trace, rows, n, k, k_slice, x.stride(0),
             weight.stride(0))  # fmt: skip
     precision = "ieee" if weight.dtype == torch.float32 else "tf32"
     pdl = pdl and supports_pdl(weight.device)
-    _gemv_kernel[grid](*args, DOT_PRECISION=precision, PDL=pdl, launch_pdl=pdl, **common)
+    _gemv_kernel[grid](*args, DOT_PRECISION=precision, PDL=pdl, launch_pdl=pdl, TRACE=traced,
+                       **common)  # fmt: skip
     if split > 1 and counters is None:
         block = 1024
         _split_sum_kernel[(triton.cdiv(rows * n, block),)](

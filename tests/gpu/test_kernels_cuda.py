@@ -525,3 +525,51 @@ def test_bandwidth_report(capsys: pytest.CaptureFixture[str]) -> None:
     with capsys.disabled():  # shown without -s
         print("\n" + "\n".join(lines))
     assert decode_gbps > 0 and norm_gbps > 0
+
+
+def test_timeline_stamps_are_ordered_and_change_no_result() -> None:
+    """With a Timeline active, RMSNorm, the GEMV (split K, summed here) and the rotating decode
+    kernel inside a CUDA graph write every program's four stamps, in order, at each replay,
+    and their outputs equal the untraced launches' bit for bit."""
+    from weft.kernels import timeline
+
+    x0 = torch.randn(2, 4096, dtype=torch.bfloat16, device=DEV)
+    norm_w = torch.randn(4096, dtype=torch.bfloat16, device=DEV)
+    w = (torch.randn(6144, 4096, device=DEV) / 64).to(torch.bfloat16)
+    lens = [700, 2048]
+    k_buffer, v_buffer, table, rows = bench.random_pool(lens, 16, 8, 128, torch.bfloat16)
+    seq_lens = torch.tensor(lens, device=DEV)
+    loc = table[rows, seq_lens - 1].long()
+    cache = wk.cos_sin_cache(1.0 / 500000 ** (torch.arange(0, 128, 2, device=DEV) / 128), 4096)
+    q, k, v = (torch.randn(2, h, 128, dtype=torch.bfloat16, device=DEV) for h in (32, 8, 8))
+    rope = wk.DecodeRope(seq_lens - 1, cache, k, v, loc)
+
+    def run() -> tuple[torch.Tensor, ...]:
+        x = wk.rmsnorm(x0, norm_w, 1e-5)
+        y = wk.gemv(x, w, launch=wk.GemvLaunch(64, 128, 2, 4, 4))
+        pool = (k_buffer.clone(), v_buffer.clone())
+        out = torch.empty_like(q)
+        wk.decode_attention(q, *pool, table, rows, seq_lens, out, 128**-0.5, 8, rope=rope)
+        return x, y, out, *pool
+
+    want = run()
+    trace = timeline.Timeline(DEV, capacity=4096)
+    timeline.activate(trace)
+    try:
+        run()  # compile the traced variants outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = run()
+    finally:
+        timeline.activate(None)
+    for _ in range(2):
+        trace.buf.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        records = trace.read()
+        assert [r.name for r, _ in records] == ["rmsnorm", "gemv 6144x4096", "decode_split"]
+        assert [r.programs for r, _ in records] == [2, 96 * 2, 2 * 8 * 8]
+        for region, stamps in records:
+            for s in stamps:
+                assert 0 < s[0] <= s[1] <= s[2] <= s[3], (region.name, s)

@@ -1,0 +1,90 @@
+"""Per-program timestamps that weft's kernels write while a Timeline is active: where a decode
+step's time goes inside and between its kernels (a diagnostic; off by default, no cost then)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+STAMPS = 4  # per program: start, its wait returned, its main work done, end
+
+
+@dataclass(frozen=True)
+class Region:
+    """One kernel launch's stamps: `programs` rows of STAMPS int64 nanoseconds at `offset`."""
+
+    name: str
+    offset: int
+    programs: int
+    captured: bool  # launched while a CUDA graph was being captured
+
+
+class Timeline:
+    """A buffer of int64 stamps on `device` and the launches that write into it, in launch
+    order. While `weft.kernels.timeline.ACTIVE` is one, each instrumented launch takes the
+    next `programs * STAMPS` slots; a CUDA graph captured meanwhile writes its launches' stamps
+    at every replay, so `read` after a replay gives that replay's timeline."""
+
+    def __init__(self, device: torch.device | str, capacity: int = 1 << 22) -> None:
+        self.buf = torch.zeros(capacity, dtype=torch.int64, device=device)
+        self.regions: list[Region] = []
+        self.used = 0
+
+    def region(self, name: str, programs: int) -> torch.Tensor:
+        need = programs * STAMPS
+        if self.used + need > self.buf.numel():
+            raise ValueError(f"Timeline full: {self.used} + {need} stamps > {self.buf.numel()}; "
+                             "give it a larger capacity")  # fmt: skip
+        capturing = self.buf.is_cuda and torch.cuda.is_current_stream_capturing()
+        self.regions.append(Region(name, self.used, programs, capturing))
+        view = self.buf[self.used : self.used + need]
+        self.used += need
+        return view
+
+    def read(self, captured_only: bool = True) -> list[tuple[Region, list[list[int]]]]:
+        """Each region's stamps, [programs][STAMPS] in ns (0: the program did not write it)."""
+        host = self.buf[: self.used].cpu().tolist()
+        out = []
+        for r in self.regions:
+            if captured_only and not r.captured:
+                continue
+            flat = host[r.offset : r.offset + r.programs * STAMPS]
+            out.append((r, [flat[i : i + STAMPS] for i in range(0, len(flat), STAMPS)]))
+        return out
+
+
+ACTIVE: Timeline | None = None
+
+
+def activate(timeline: Timeline | None) -> None:
+    """Make `timeline` the one launches write into (None: none, the default)."""
+    global ACTIVE
+    ACTIVE = timeline
+
+
+def trace_for(name: str, programs: int, dummy: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """A launch's stamp slots and whether it writes them (`dummy`, any tensor on the launch's
+    device, stands in when no Timeline is active: it is not written)."""
+    if ACTIVE is None or dummy.device.type != "cuda":  # the interpreter has no %globaltimer
+        return dummy, False
+    return ACTIVE.region(name, programs), True
+
+
+@triton.jit
+def now():  # type: ignore[no-untyped-def]
+    """The GPU's global nanosecond timer (%globaltimer, one clock for every SM; CUDA only)."""
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def stamp(Trace, program, k: tl.constexpr, t):  # type: ignore[no-untyped-def]
+    """Store time t as stamp k of `program` (one thread's store of a scalar)."""
+    tl.store(Trace + program * 4 + k, t)
+
+
+__all__ = ["STAMPS", "Region", "Timeline", "activate", "now", "stamp", "trace_for"]
