@@ -124,7 +124,7 @@ def main() -> None:
     )  # fmt: skip
     runner = ModelRunner(config, folder, hf, config.context_length or ctx)
     assert runner.graphs is not None, "the timeline reads CUDA graph replays"
-    timeline.activate(timeline.Timeline(runner.device))
+    timeline.activate(timeline.Timeline(runner.device, capacity=1 << 24))
     runner.graphs.capture()  # again, each launch of the graphs with its stamp slots
     trace = timeline.ACTIVE
     timeline.activate(None)

@@ -24,21 +24,37 @@ class Region:
 
 class Timeline:
     """A buffer of int64 stamps on `device` and the launches that write into it, in launch
-    order. While `weft.kernels.timeline.ACTIVE` is one, each instrumented launch takes the
-    next `programs * STAMPS` slots; a CUDA graph captured meanwhile writes its launches' stamps
-    at every replay, so `read` after a replay gives that replay's timeline."""
+    order. While `weft.kernels.timeline.ACTIVE` is one, each instrumented launch made during a
+    CUDA graph capture takes the next `programs * STAMPS` slots, and the graph writes them at
+    every replay, so `read` after a replay gives that replay's timeline. Launches outside a
+    capture (warm-ups, timing runs) share the first `scratch` programs' slots and are not read,
+    unless `eager`: then they take slots of their own too."""
 
-    def __init__(self, device: torch.device | str, capacity: int = 1 << 22) -> None:
+    def __init__(
+        self,
+        device: torch.device | str,
+        capacity: int = 1 << 22,
+        scratch: int = 1 << 16,
+        eager: bool = False,
+    ) -> None:
+        if not 0 <= scratch * STAMPS <= capacity:
+            raise ValueError(f"Timeline: {scratch} scratch programs do not fit {capacity} stamps")
         self.buf = torch.zeros(capacity, dtype=torch.int64, device=device)
         self.regions: list[Region] = []
-        self.used = 0
+        self.scratch, self.eager = scratch, eager
+        self.used = scratch * STAMPS
 
     def region(self, name: str, programs: int) -> torch.Tensor:
         need = programs * STAMPS
+        capturing = self.buf.is_cuda and torch.cuda.is_current_stream_capturing()
+        if not capturing and not self.eager:
+            if programs > self.scratch:
+                raise ValueError(f"Timeline: a launch of {programs} programs outside a capture "
+                                 f"exceeds the {self.scratch} scratch programs")  # fmt: skip
+            return self.buf[:need]
         if self.used + need > self.buf.numel():
             raise ValueError(f"Timeline full: {self.used} + {need} stamps > {self.buf.numel()}; "
                              "give it a larger capacity")  # fmt: skip
-        capturing = self.buf.is_cuda and torch.cuda.is_current_stream_capturing()
         self.regions.append(Region(name, self.used, programs, capturing))
         view = self.buf[self.used : self.used + need]
         self.used += need

@@ -17,10 +17,10 @@ import step_timeline  # noqa: E402
 
 
 def test_regions_take_consecutive_slots_and_read_back_per_program() -> None:
-    t = timeline.Timeline("cpu", capacity=40)
+    t = timeline.Timeline("cpu", capacity=48, scratch=2, eager=True)
     a = t.region("gemv", 3)
     b = t.region("rmsnorm", 2)
-    assert (a.numel(), b.numel(), t.used) == (12, 8, 20)
+    assert (a.numel(), b.numel(), t.used) == (12, 8, 28)
     a.copy_(torch.arange(1, 13))
     b.fill_(7)
     got = t.read(captured_only=False)
@@ -28,15 +28,27 @@ def test_regions_take_consecutive_slots_and_read_back_per_program() -> None:
     assert got[0][1] == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
     assert got[1][1] == [[7] * 4] * 2
     assert t.read() == []  # nothing was launched inside a graph capture
-    with pytest.raises(ValueError, match="Timeline full: 20 \\+ 24 stamps > 40"):
+    with pytest.raises(ValueError, match="Timeline full: 28 \\+ 24 stamps > 48"):
         t.region("decode_split", 6)
+
+
+def test_launches_outside_a_capture_share_the_scratch_slots() -> None:
+    t = timeline.Timeline("cpu", capacity=64, scratch=4)
+    a = t.region("gemv", 3)
+    b = t.region("gemv", 4)
+    assert a.data_ptr() == b.data_ptr() == t.buf.data_ptr() and b.numel() == 16
+    assert t.regions == [] and t.used == 16
+    with pytest.raises(ValueError, match="5 programs outside a capture exceeds the 4 scratch"):
+        t.region("gemv", 5)
+    with pytest.raises(ValueError, match="17 scratch programs do not fit 64 stamps"):
+        timeline.Timeline("cpu", capacity=64, scratch=17)
 
 
 def test_launches_write_nothing_without_an_active_timeline_or_off_cuda() -> None:
     dummy = torch.zeros(1)
     assert timeline.ACTIVE is None
     assert timeline.trace_for("gemv", 4, dummy) == (dummy, False)
-    timeline.activate(timeline.Timeline("cpu", capacity=16))
+    timeline.activate(timeline.Timeline("cpu", capacity=16, scratch=1, eager=True))
     try:  # the interpreter has no %globaltimer: CPU launches stay untraced
         assert timeline.trace_for("gemv", 4, dummy) == (dummy, False)
     finally:
