@@ -12,19 +12,23 @@ but the embedding) the report gives, relative to the previous launch's last prog
   end (stores, split sums and merges);
 - the spread of program starts and releases (how the grid ramps).
 Then the same per kernel kind, summed over a step, against the step's span: how much of it is
-boundaries, how much is inside kernels.
+boundaries, how much is inside kernels. With --cupti, a torch profiler trace of pipelined steps
+adds what the GPU runs outside the graph (lm_head, sampling, input copies) and where it idles.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from one_batch import decode_batch, pipelined
+from profile_step import timeline_report
 
 from weft.kernels import timeline
 from weft.runtime.config import EngineConfig
@@ -105,6 +109,36 @@ def report(launches: list[Launch], shapes: dict[str, str], show: int) -> list[st
     return lines
 
 
+def gpu_events(runner: ModelRunner, batch: Any, steps: int) -> list[dict[str, Any]]:
+    """The GPU's kernels and copies over `steps` pipelined steps, torch profiler (CUPTI)."""
+    pipelined(runner, batch, steps)  # warm
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        pipelined(runner, batch, steps)
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.loads(Path(f.name).read_text())["traceEvents"]
+    return sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                  key=lambda e: e["ts"])  # fmt: skip
+
+
+def span_report(gpu: list[dict[str, Any]], steps: int) -> str:
+    """Per step: the span of the GPU's work, its busy time (union) and idle gaps of 50 us+."""
+    end, busy, long_idle = gpu[0]["ts"], 0.0, 0.0
+    for e in gpu:
+        start, stop = e["ts"], e["ts"] + e.get("dur", 0)
+        gap = start - end
+        long_idle += gap if gap >= 50 else 0.0
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    span = end - gpu[0]["ts"]
+    return (
+        f"per step (of {steps}, pipelined, profiled): span {span / steps:.1f} us, busy "
+        f"{busy / steps:.1f} us, idle in gaps of 50 us+ {long_idle / steps:.1f} us"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -113,6 +147,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=3, help="layers shown launch by launch")
     ap.add_argument("--reps", type=int, default=20, help="pipelined steps before the one read")
+    ap.add_argument("--cupti", type=int, default=0, metavar="STEPS",
+                    help="also trace STEPS pipelined steps with the torch profiler")  # fmt: skip
     args = ap.parse_args()
     folder = Path(args.config)
     hf = read_hf_config(folder)
@@ -140,6 +176,10 @@ def main() -> None:
         print(f"\n== decode B={b} ctx={args.context}: {ms:.3f} ms a step pipelined (stamps of "
               f"its last step)")  # fmt: skip
         print("\n".join(report(launches, shapes, 1 + 7 * args.layers)))
+        if args.cupti:
+            gpu = gpu_events(runner, batch, args.cupti)
+            print(span_report(gpu, args.cupti))
+            print("\n".join(timeline_report(gpu, args.cupti, rows=25)))
 
 
 if __name__ == "__main__":

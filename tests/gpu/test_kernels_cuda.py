@@ -553,7 +553,7 @@ def test_timeline_stamps_are_ordered_and_change_no_result() -> None:
         return x, y, out, *pool
 
     want = run()
-    trace = timeline.Timeline(DEV, capacity=4096)
+    trace = timeline.Timeline(DEV, capacity=4096, scratch=256)
     timeline.activate(trace)
     try:
         run()  # compile the traced variants outside the capture
