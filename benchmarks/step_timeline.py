@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from one_batch import decode_batch, pipelined
+from one_batch import _defaults, apply_mode, decode_batch, parse_mode, pipelined
 from profile_step import timeline_report
 
 from weft.kernels import timeline
@@ -149,7 +149,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20, help="pipelined steps before the one read")
     ap.add_argument("--cupti", type=int, default=0, metavar="STEPS",
                     help="also trace STEPS pipelined steps with the torch profiler")  # fmt: skip
+    ap.add_argument("--step-modes", nargs="+", default=[],
+                    help="graphs captured again per one_batch.py step mode (KEY=VALUE,...)")  # fmt: skip
+    ap.add_argument("--prefetch-bs", type=int, default=4, help="as one_batch.py's")
     args = ap.parse_args()
+    for mode in args.step_modes:
+        try:
+            parse_mode(mode)
+        except ValueError as e:
+            ap.error(f"mode {mode!r}: {e}")
     folder = Path(args.config)
     hf = read_hf_config(folder)
     ctx = args.context + 16
@@ -160,26 +168,36 @@ def main() -> None:
     )  # fmt: skip
     runner = ModelRunner(config, folder, hf, config.context_length or ctx)
     assert runner.graphs is not None, "the timeline reads CUDA graph replays"
-    timeline.activate(timeline.Timeline(runner.device, capacity=1 << 24))
-    runner.graphs.capture()  # again, each launch of the graphs with its stamp slots
-    trace = timeline.ACTIVE
-    timeline.activate(None)
-    assert trace is not None
+    defaults = _defaults(runner)
+    for mode in args.step_modes or [None]:
+        if mode is not None:
+            apply_mode(runner, parse_mode(mode), defaults, args.prefetch_bs)
+        trace = timeline.Timeline(runner.device, capacity=1 << 24)
+        timeline.activate(trace)
+        try:
+            runner.graphs.capture()  # again, each launch of the graphs with its stamp slots
+        finally:
+            timeline.activate(None)
+        for b in args.batches:
+            run_batch(runner, trace, b, args, hf.vocab_size, mode or "the defaults")
+
+
+def run_batch(runner: ModelRunner, trace: timeline.Timeline, b: int, args: argparse.Namespace,
+              vocab: int, mode: str) -> None:  # fmt: skip
     shapes = {"gemv 6144x4096": "qkv", "gemv 4096x4096": "o_proj", "gemv 28672x4096": "gate_up",
               "gemv 4096x14336": "down"}  # fmt: skip
-    for b in args.batches:
-        batch = decode_batch(runner, b, args.context, hf.vocab_size)
-        trace.buf.zero_()
-        ms = pipelined(runner, batch, args.reps) * 1e3
-        torch.cuda.synchronize()
-        launches = summarise(trace.read())
-        print(f"\n== decode B={b} ctx={args.context}: {ms:.3f} ms a step pipelined (stamps of "
-              f"its last step)")  # fmt: skip
-        print("\n".join(report(launches, shapes, 1 + 7 * args.layers)))
-        if args.cupti:
-            gpu = gpu_events(runner, batch, args.cupti)
-            print(span_report(gpu, args.cupti))
-            print("\n".join(timeline_report(gpu, args.cupti, rows=25)))
+    batch = decode_batch(runner, b, args.context, vocab)
+    trace.buf.zero_()
+    ms = pipelined(runner, batch, args.reps) * 1e3
+    torch.cuda.synchronize()
+    launches = summarise(trace.read())
+    print(f"\n== {mode}: decode B={b} ctx={args.context}: {ms:.3f} ms a step pipelined "
+          f"(stamps of its last step)")  # fmt: skip
+    print("\n".join(report(launches, shapes, 1 + 7 * args.layers)))
+    if args.cupti:
+        gpu = gpu_events(runner, batch, args.cupti)
+        print(span_report(gpu, args.cupti))
+        print("\n".join(timeline_report(gpu, args.cupti, rows=25)))
 
 
 if __name__ == "__main__":
