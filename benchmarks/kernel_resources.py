@@ -94,6 +94,7 @@ def main() -> None:
         "ROPE": False,
         "SATURATE": 0.0,
         "PDL": False,
+        "TRIGGER": False,
         "PREFETCH": 0,
         "TRACE": False,
     }

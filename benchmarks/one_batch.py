@@ -121,7 +121,9 @@ SETTINGS: dict[str, tuple[Any, str, bool]] = {
     "gemv": (("auto", "on", "off").__contains__, "WEFT_GEMV", False),
     "sum": (("here", "launch").__contains__, "WEFT_SPLIT_SUM (GEMV and decode)", False),
     "rope": (("fused", "separate").__contains__, "rotary in the decode kernel or not", True),
-    "attn": (("plain", "pdl").__contains__, "decode kernels as programmatic dependents", True),
+    "attn": (("plain", "pdl", "wait").__contains__, "decode kernels as programmatic dependents "
+             "(wait: the split kernel waits, and lets the next kernel launch only as it ends)",
+             True),
     "warps": (("auto", "2", "4").__contains__, "the decode kernel's warps", True),
     "prefetch": (_prefetch_ok, "off|start|end[:FRACTION]: o_proj's weight asked of the L2 by "
                  "the rotating decode kernel", True),
@@ -146,7 +148,7 @@ def _defaults(runner: ModelRunner) -> dict[str, Any]:
     graphs: Any = runner.graphs
     names = ("gemv_mode", "sum_here")
     attn = ("sum_here", "decode_warps", "l2_prefetch", "l2_prefetch_fraction", "l2_prefetch_bs",
-            "fuse_rope", "pdl")  # fmt: skip
+            "fuse_rope", "pdl", "pdl_trigger")  # fmt: skip
     return {"graphs": {n: getattr(graphs, n) for n in names},
             "attn": {n: getattr(runner.attn, n) for n in attn if hasattr(runner.attn, n)}}  # fmt: skip
 
@@ -173,7 +175,7 @@ def apply_mode(runner: ModelRunner, settings: dict[str, str], defaults: dict[str
         elif key == "rope":
             attn.fuse_rope = value == "fused"
         else:
-            attn.pdl = value == "pdl"
+            attn.pdl, attn.pdl_trigger = value != "plain", value == "pdl"
 
 
 def run_backend(args: argparse.Namespace, backend: str, bandwidth: float) -> list[dict[str, Any]]:
@@ -282,9 +284,10 @@ def main() -> None:
     ap.add_argument(
         "--attn-modes",
         nargs="+",
-        choices=["plain", "pdl"],
-        help="the same per launch of the decode attention kernels (triton backend): plain or "
-        "as programmatic dependents (pdl, as under WEFT_PDL=all)",
+        choices=["plain", "pdl", "wait"],
+        help="the same per launch of the decode attention kernels (triton backend): plain, "
+        "as programmatic dependents (pdl, as under WEFT_PDL=all), or waiting as one but letting "
+        "the next kernel launch only as it ends (wait)",
     )
     ap.add_argument(
         "--sum-modes",

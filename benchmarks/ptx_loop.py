@@ -44,7 +44,7 @@ def compile_split_kernel(
     consts = {"G": 4, "D": 128, "BLOCK_H": 16, "BLOCK_D": 128, "BLOCK_N": block_n,
               "PREFIX_BLOCK_N": 64, "DOT_PRECISION": "tf32", "FP16_DOTS": fp8, "HAS_KV_STARTS": False,
               "V_STAGED": fp8 and staged, "DIRECT": False, "SUM_HERE": False, "BLOCK_S": 32,
-              "ROPE": False, "SATURATE": 0.0, "PDL": False, "PREFETCH": 0,
+              "ROPE": False, "SATURATE": 0.0, "PDL": False, "TRIGGER": False, "PREFETCH": 0,
               "TRACE": False}  # fmt: skip
     sig.update(dict.fromkeys(consts, "constexpr"))
     names = list(sig)

@@ -103,7 +103,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     BLOCK_S: tl.constexpr,  # (SUM_HERE) >= num_splits
     ROPE: tl.constexpr,  # rotate q and the new k here (neox halves, whole heads); store k, v
     SATURATE: tl.constexpr,  # (ROPE) clamp to +-SATURATE before the pool's cast (fp8), if > 0
-    PDL: tl.constexpr,  # launched as a programmatic dependent: the next kernel may launch now
+    PDL: tl.constexpr,  # launched as a programmatic dependent: waits for the kernel before
+    TRIGGER: tl.constexpr,  # (PDL) and lets the next kernel launch at once (else as it ends)
     PREFETCH: tl.constexpr,  # 0, or where the programs prefetch into L2: 1 first, 2 after the walk
     TRACE: tl.constexpr,  # write the program's stamps (kernels/timeline.py)
 ):
@@ -116,7 +117,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     if PREFETCH == 1:  # the bytes do not depend on the kernel before
         prefetch_l2_part(Prefetch, prefetch_bytes, part, parts, 256)
     if PDL:
-        gdc_launch_dependents()
+        if TRIGGER:
+            gdc_launch_dependents()
         gdc_wait()
     t1 = now() if TRACE else 0
     t2 = t1
@@ -359,6 +361,7 @@ def decode_attention(
     rope: DecodeRope | None = None,
     sum_here: bool = True,
     l2_prefetch: L2Prefetch | None = None,
+    pdl_trigger: bool = True,
 ) -> torch.Tensor:
     """Attention of each request's one query over its whole paged KV; returns `out`.
 
@@ -372,7 +375,9 @@ def decode_attention(
     per-request kernel's launch (SharedPrefix carries the prefix kernel's). `fp8_v_staged`
     (an fp8 pool under a 16-bit q; CUDA only, the default there) converts V tiles before their
     layout change (`_attend`); False sinks the conversion into the dot operand. `pdl`: the
-    split and reduce kernels launch as programmatic dependents where the GPU supports it.
+    split and reduce kernels launch as programmatic dependents where the GPU supports it; with
+    `pdl_trigger` False the split kernel still waits for the kernel before but lets the next
+    one launch only as it ends (its dependents' programs do not sit on the SMs meanwhile).
 
     `rope` (not with `shared`): q is not rotated yet, nor is the new k, and neither k nor v is
     in the pool: each program rotates its q heads, and the program whose split ends at the new
@@ -497,7 +502,7 @@ def decode_attention(
         DIRECT=direct, SUM_HERE=counters is not None,
         BLOCK_S=triton.next_power_of_2(num_kv_splits), ROPE=rope is not None,
         SATURATE=FP8_MAX if rope is not None and k_buffer.dtype == FP8_KV else 0.0,
-        PDL=pdl, launch_pdl=pdl, PREFETCH=prefetch_at, TRACE=traced,
+        PDL=pdl, launch_pdl=pdl, TRIGGER=pdl_trigger, PREFETCH=prefetch_at, TRACE=traced,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
     if direct or counters is not None:

@@ -72,6 +72,7 @@ class TritonAttentionBackend(AttentionBackend):
             raise ValueError(f"WEFT_EXTEND_WORK must be auto, 0 or 1, got {forced!r}")
         self.use_work = pool.k[0].dtype == FP8_KV if forced == "auto" else forced == "1"
         self.pdl = pdl_mode_from_env() == "all"  # decode kernels as programmatic dependents
+        self.pdl_trigger = True  # (pdl) the split kernel lets the next launch at its start
         self.sum_here = sum_here_from_env()  # a decode's last split merges them (no reduce)
         # decode steps without shared prefixes rotate q and k in the decode kernel, which
         # stores k and v too (forward_rotating); False keeps the model's rotary launch (A/B)
@@ -256,6 +257,7 @@ class TritonAttentionBackend(AttentionBackend):
                                 batch.req_rows, batch.seq_lens, torch.empty_like(q), scale,
                                 self.num_kv_splits, kv_starts=self.kv_starts, shared=self.shared,
                                 pdl=self.pdl, rope=rope, sum_here=self.sum_here,
+                                pdl_trigger=self.pdl_trigger,
                                 num_warps=self.decode_warps, l2_prefetch=hint)  # fmt: skip
 
     def _eager_plan(self, plan: SharedPrefixPlan) -> tuple[torch.Tensor, SharedPrefix]:

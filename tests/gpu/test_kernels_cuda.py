@@ -413,12 +413,15 @@ def test_programmatic_dependents_in_a_graph_match_plain_launches() -> None:
     _replays_match_plain_launches(chain)
 
 
-@pytest.mark.parametrize("rope", [False, True])
-def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches(rope: bool) -> None:
+@pytest.mark.parametrize(("rope", "trigger"), [(False, True), (True, True), (True, False)])
+def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches(
+    rope: bool, trigger: bool
+) -> None:
     """add + RMSNorm -> qkv GEMV -> rotary (K/V into the pool) -> decode attention (split and
     reduce) -> o_proj GEMV, twice over, every launch a programmatic dependent (WEFT_PDL=all) in
     one CUDA graph: bit for bit the plain launches' outputs and pool. `rope`: the rotation and
-    the store in the decode kernel instead (DecodeRope)."""
+    the store in the decode kernel instead (DecodeRope). Without `trigger` the decode kernel
+    lets o_proj launch only as it ends (pdl_trigger=False)."""
     if not wk.supports_pdl(torch.device(DEV)):
         pytest.skip("programmatic dependent launch needs compute capability 9.0+")
     heads, kv_heads, dim, slots = 8, 2, 128, 8192
@@ -454,7 +457,7 @@ def test_a_decode_layer_of_programmatic_dependents_matches_plain_launches(rope: 
                                     pdl=pdl)  # fmt: skip
             out = torch.empty(2, heads, dim, dtype=torch.bfloat16, device=DEV)
             wk.decode_attention(q, k_pool, v_pool, table, rows, seq_lens, out, dim**-0.5, 8,
-                                pdl=pdl, rope=rotate)  # fmt: skip
+                                pdl=pdl, rope=rotate, pdl_trigger=trigger)  # fmt: skip
             x = wk.gemv(out.view(2, hidden), w_o, launch=launch, pdl=pdl)
         return x, res, k_pool, v_pool
 

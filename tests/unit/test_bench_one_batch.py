@@ -28,7 +28,8 @@ def test_modes_parse_and_refuse_what_they_do_not_know() -> None:
 def _runner() -> Any:
     graphs = SimpleNamespace(gemv_mode="auto", sum_here=True)
     attn = SimpleNamespace(sum_here=True, decode_warps=None, l2_prefetch="end",
-                           l2_prefetch_fraction=0.5, l2_prefetch_bs=4, fuse_rope=True, pdl=False)  # fmt: skip
+                           l2_prefetch_fraction=0.5, l2_prefetch_bs=4, fuse_rope=True, pdl=False,
+                           pdl_trigger=True)  # fmt: skip
     return SimpleNamespace(graphs=graphs, attn=attn)
 
 
@@ -46,3 +47,8 @@ def test_each_mode_starts_from_the_defaults() -> None:
     one_batch.apply_mode(runner, one_batch.parse_mode("attn=pdl,warps=4,gemv=off"), defaults, 4)
     assert runner.attn.pdl and runner.attn.decode_warps == 4 and runner.graphs.gemv_mode == "off"
     assert runner.attn.fuse_rope and runner.attn.l2_prefetch == "end"
+    assert runner.attn.pdl_trigger
+    one_batch.apply_mode(runner, one_batch.parse_mode("attn=wait"), defaults, 4)
+    assert runner.attn.pdl and not runner.attn.pdl_trigger
+    one_batch.apply_mode(runner, one_batch.parse_mode("sum=here"), defaults, 4)
+    assert not runner.attn.pdl and runner.attn.pdl_trigger
