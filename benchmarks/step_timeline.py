@@ -10,7 +10,9 @@ but the embedding) the report gives, relative to the previous launch's last prog
 - `work`: the median program's time from its wait to its main work done (the K walk, the
   attention walk, the row loaded), and `tail`: from the last program's work done to the last
   end (stores, split sums and merges);
-- the spread of program starts and releases (how the grid ramps).
+- the spread of program starts and releases (how the grid ramps), and how its programs fell
+  on the SMs: how many SMs ran one, and the most on one SM (a programmatic dependent that
+  launches early lands where the kernel before it leaves room).
 Then the same per kernel kind, summed over a step, against the step's span: how much of it is
 boundaries, how much is inside kernels. With --cupti, a torch profiler trace of pipelined steps
 adds what the GPU runs outside the graph (lm_head, sampling, input copies) and where it idles.
@@ -51,6 +53,8 @@ class Launch:
     work: float  # median program's release -> work done
     last_work: int  # the latest work-done stamp
     last_end: int
+    sms: int  # SMs that ran a program
+    most_per_sm: int
 
 
 def summarise(records: list[tuple[Any, list[list[int]]]]) -> list[Launch]:
@@ -59,11 +63,14 @@ def summarise(records: list[tuple[Any, list[list[int]]]]) -> list[Launch]:
     for region, stamps in records:
         if not stamps or any(s[0] == 0 or s[3] == 0 for s in stamps):
             continue
+        per_sm: dict[int, int] = {}
+        for s in stamps:
+            per_sm[s[4]] = per_sm.get(s[4], 0) + 1
         out.append(Launch(
             region.name, len(stamps), min(s[0] for s in stamps), max(s[0] for s in stamps),
             min(s[1] for s in stamps), max(s[1] for s in stamps),
             statistics.median(s[2] - s[1] for s in stamps), max(s[2] for s in stamps),
-            max(s[3] for s in stamps),
+            max(s[3] for s in stamps), len(per_sm), max(per_sm.values()),
         ))  # fmt: skip
     return sorted(out, key=lambda r: r.first_start)
 
@@ -81,8 +88,9 @@ def report(launches: list[Launch], shapes: dict[str, str], show: int) -> list[st
     tick = min((b - a for a, b in zip(stamps, stamps[1:], strict=False) if b > a), default=0)
     span = (launches[-1].last_end - t0) / 1e3
     lines = [f"{len(launches)} launches over {span:.1f} us (finest step between stamps "
-             f"{tick} ns)", "  us from the step's first start: kernel, programs: start spread, "
-             "release (after the previous end), work (median), tail, end"]  # fmt: skip
+             f"{tick} ns)", "  us from the step's first start: kernel, programs (SMs, most on "
+             "one): start spread, release (after the previous end), work (median), tail, "
+             "end"]  # fmt: skip
     per_kind: dict[str, list[float]] = {}
     prev_end = t0
     for i, r in enumerate(launches):
@@ -94,7 +102,8 @@ def report(launches: list[Launch], shapes: dict[str, str], show: int) -> list[st
         acc[2] += 1
         if i < show:
             lines.append(
-                f"  {(r.first_start - t0) / 1e3:8.2f} {kind(r.name, shapes):14} {r.programs:4}: "
+                f"  {(r.first_start - t0) / 1e3:8.2f} {kind(r.name, shapes):14} {r.programs:4} "
+                f"({r.sms:3}, {r.most_per_sm}): "
                 f"starts +{(r.last_start - r.first_start) / 1e3:5.2f}, release {release:6.2f} "
                 f"(last +{(r.last_release - r.first_release) / 1e3:5.2f}), work {r.work / 1e3:6.2f}"
                 f", tail {(r.last_end - r.last_work) / 1e3:5.2f}, end {(r.last_end - t0) / 1e3:8.2f}"

@@ -15,7 +15,7 @@ from .arrivals import arrival_counters
 from .attend import LOG2E, _attend
 from .l2 import L2Prefetch, prefetch_l2_part
 from .rotary import _rope_neox, _to_pool
-from .timeline import now, stamp, trace_for
+from .timeline import now, stamps, trace_for
 
 if TYPE_CHECKING:
     from .shared_prefix import SharedPrefix
@@ -208,10 +208,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
         tl.store(out_ptrs, o.to(Out.dtype.element_ty), mask=hd_mask)
     if TRACE:
         t3 = now()
-        stamp(Trace, part, 0, t0)
-        stamp(Trace, part, 1, t1)
-        stamp(Trace, part, 2, t2)
-        stamp(Trace, part, 3, t3)
+        stamps(Trace, part, t0, t1, t2, t3)
 
 
 @triton.jit

@@ -8,7 +8,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._check import check_tensor, supports_pdl
-from .timeline import now, stamp, trace_for
+from .timeline import now, stamps, trace_for
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HIDDEN = 65536
@@ -54,10 +54,7 @@ def _rmsnorm_kernel(  # type: ignore[no-untyped-def]
     tl.store(Y + row * stride_y + offs, y.to(Y.dtype.element_ty), mask=mask)
     if TRACE:
         t3 = now()
-        stamp(Trace, row, 0, t0)
-        stamp(Trace, row, 1, t1)
-        stamp(Trace, row, 2, t2)
-        stamp(Trace, row, 3, t3)
+        stamps(Trace, row, t0, t1, t2, t3)
 
 
 def _num_warps(block: int) -> int:

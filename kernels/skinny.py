@@ -12,7 +12,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._check import check_tensor, supports_pdl
 from .arrivals import arrival_counters
-from .timeline import now, stamp, trace_for
+from .timeline import now, stamps, trace_for
 
 MAX_ROWS = 16  # rows of x one launch serves (x^T is a dot operand padded to 16 columns)
 
@@ -157,10 +157,7 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
     if TRACE:
         program = tl.program_id(0) * SPLIT_K + pid_k
         t3 = now()
-        stamp(Trace, program, 0, t0)
-        stamp(Trace, program, 1, t1)
-        stamp(Trace, program, 2, t2)
-        stamp(Trace, program, 3, t3)
+        stamps(Trace, program, t0, t1, t2, t3)
 
 
 @triton.jit

@@ -9,12 +9,12 @@ import torch
 import triton
 import triton.language as tl
 
-STAMPS = 4  # per program: start, its wait returned, its main work done, end
+STAMPS = 5  # per program: start, its wait returned, its main work done, end (ns); its SM
 
 
 @dataclass(frozen=True)
 class Region:
-    """One kernel launch's stamps: `programs` rows of STAMPS int64 nanoseconds at `offset`."""
+    """One kernel launch's stamps: `programs` rows of STAMPS int64 at `offset`."""
 
     name: str
     offset: int
@@ -61,7 +61,8 @@ class Timeline:
         return view
 
     def read(self, captured_only: bool = True) -> list[tuple[Region, list[list[int]]]]:
-        """Each region's stamps, [programs][STAMPS] in ns (0: the program did not write it)."""
+        """Each region's stamps, [programs][STAMPS]: four times in ns (0: the program did not
+        write them) and the SM the program ran on."""
         host = self.buf[: self.used].cpu().tolist()
         out = []
         for r in self.regions:
@@ -98,9 +99,17 @@ def now():  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def stamp(Trace, program, k: tl.constexpr, t):  # type: ignore[no-untyped-def]
-    """Store time t as stamp k of `program` (one thread's store of a scalar)."""
-    tl.store(Trace + program * 4 + k, t)
+def stamps(Trace, program, t0, t1, t2, t3):  # type: ignore[no-untyped-def]
+    """Store `program`'s four times and its SM (%smid): one thread's stores of scalars."""
+    sm = tl.inline_asm_elementwise(
+        "mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+    )
+    row = Trace + program * 5  # STAMPS
+    tl.store(row, t0)
+    tl.store(row + 1, t1)
+    tl.store(row + 2, t2)
+    tl.store(row + 3, t3)
+    tl.store(row + 4, sm.to(tl.int64))
 
 
-__all__ = ["STAMPS", "Region", "Timeline", "activate", "now", "stamp", "trace_for"]
+__all__ = ["STAMPS", "Region", "Timeline", "activate", "now", "stamps", "trace_for"]

@@ -532,8 +532,8 @@ def test_bandwidth_report(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_timeline_stamps_are_ordered_and_change_no_result() -> None:
     """With a Timeline active, RMSNorm, the GEMV (split K, summed here) and the rotating decode
-    kernel inside a CUDA graph write every program's four stamps, in order, at each replay,
-    and their outputs equal the untraced launches' bit for bit."""
+    kernel inside a CUDA graph write every program's four times, in order, and its SM at each
+    replay, and their outputs equal the untraced launches' bit for bit."""
     from weft.kernels import timeline
 
     x0 = torch.randn(2, 4096, dtype=torch.bfloat16, device=DEV)
@@ -565,6 +565,7 @@ def test_timeline_stamps_are_ordered_and_change_no_result() -> None:
             got = run()
     finally:
         timeline.activate(None)
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     for _ in range(2):
         trace.buf.zero_()
         graph.replay()
@@ -576,3 +577,4 @@ def test_timeline_stamps_are_ordered_and_change_no_result() -> None:
         for region, stamps in records:
             for s in stamps:
                 assert 0 < s[0] <= s[1] <= s[2] <= s[3], (region.name, s)
+                assert 0 <= s[4] < sms, (region.name, s)  # the SM it ran on
