@@ -38,6 +38,9 @@
 #                                             # decode steps at batch 1, 8, 64 (here: -0.055 ms at
 #                                             # 1 and 8, twenty-third session), small-batch decode
 #                                             # launches merged here or by the reduce
+#   bash benchmarks/run_h200_next.sh timeline # the decode step from the inside (per-program stamps:
+#                                             # boundaries, work, tails, SMs) at batch 1 and 8,
+#                                             # per step mode (MODES, e.g. "attn=plain attn=wait")
 #   bash benchmarks/run_h200_fp8.sh prefix    # prefix sharing end to end
 # NOTE: never `git checkout HEAD -- ...` on the device: its copy carries the .git of the landed
 # main, so that restores the session's starting code (tenth session, calls 4-5).
@@ -127,5 +130,13 @@ case "${1:-}" in
     timeout "${SMALL_S:-200}" python3 decode_parts.py --small --batches 1 8 2>&1 \
       | grep -v Warning | tee "$OUT/small.log"
     ;;
-  *) echo "usage: $0 checks|extend|extprof|tune|nogap|gemv|gemvstep|trace|sums" >&2; exit 2 ;;
+  timeline)
+    timeout "${TEST_S:-60}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_cuda.py \
+      -k timeline 2>&1 | tail -2 | tee "$OUT/tests_timeline.log"
+    cd benchmarks
+    # shellcheck disable=SC2086
+    timeout "${STEP_S:-300}" python3 step_timeline.py --batches ${BATCHES:-1 8} --layers 1 \
+      --step-modes ${MODES:-attn=plain attn=wait} 2>&1 | grep -v -i warn | tee "$OUT/timeline.log"
+    ;;
+  *) echo "usage: $0 checks|extend|extprof|tune|nogap|gemv|gemvstep|trace|sums|timeline" >&2; exit 2 ;;
 esac

@@ -3,8 +3,10 @@ last step of a pipelined run, in CUDA graphs, triton backend, Llama-3.1-8B with 
 
     python benchmarks/step_timeline.py [--batches 1 8] [--context 2048] [--layers 3]
 
-Per launch of the GEMV, RMSNorm and decode attention kernels (all of a decode graph's kernels
-but the embedding) the report gives, relative to the previous launch's last program end:
+Per launch of the skinny GEMV, RMSNorm and decode split kernels (at batches of 1-16 with the
+defaults, all of a decode graph's kernels but the embedding; the decode reduce, rotary and
+shared-prefix kernels and cuBLAS, where they run, write no stamps and show in the next
+launch's release) the report gives, relative to the previous launch's last program end:
 - `release`: when its first program passed its wait (a programmatic dependent) or started (a
   plain launch), i.e. what the kernel boundary costs;
 - `work`: the median program's time from its wait to its main work done (the K walk, the

@@ -64,7 +64,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     Counters,  # [B * Hkv] int32 arrivals per (request, kv head), zeros (SUM_HERE)
     Prefetch,  # uint8 (when PREFETCH): bytes the programs ask the L2 for, the next kernel's
     prefetch_bytes,
-    Trace,  # int64 (when TRACE) per program: start, wait returned, walk done, end (ns)
+    Trace,  # int64 (when TRACE) per program: start, wait returned, walk done, end (ns), SM
     qk_scale,  # softmax scale * log2(e)
     num_splits,
     num_prefix_splits,  # columns col0.. hold the shared prefix's splits (DIRECT, HAS_KV_STARTS)

@@ -20,7 +20,7 @@ def _rmsnorm_kernel(  # type: ignore[no-untyped-def]
     Res,  # [T, N] residual stream (fused only), updated in place
     W,  # [N]
     Y,  # [T, N] output
-    Trace,  # int64 (when TRACE) per program: start, wait returned, row loaded, end (ns)
+    Trace,  # int64 (when TRACE) per program: start, wait returned, row loaded, end (ns), SM
     stride_x,
     stride_r,
     stride_y,

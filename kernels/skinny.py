@@ -112,7 +112,7 @@ def _gemv_kernel(  # type: ignore[no-untyped-def]
     Out,  # [M, N] in W's dtype (unless SPLIT_K > 1 and not SUM_HERE)
     Part,  # [SPLIT_K, M, N] float32 partial sums (when SPLIT_K > 1)
     Counters,  # [>= N / BLOCK_N] int32 arrivals per tile, zeros (SUM_HERE)
-    Trace,  # int64 (when TRACE) per program: start, wait returned, K walked, end (ns)
+    Trace,  # int64 (when TRACE) per program: start, wait returned, K walked, end (ns), SM
     M,
     N,
     K,
