@@ -88,7 +88,7 @@ def report(launches: list[Launch], shapes: dict[str, str], show: int) -> list[st
     t0 = launches[0].first_start
     stamps = sorted({x for r in launches for x in (r.first_start, r.first_release, r.last_end)})
     tick = min((b - a for a, b in zip(stamps, stamps[1:], strict=False) if b > a), default=0)
-    span = (launches[-1].last_end - t0) / 1e3
+    span = (max(r.last_end for r in launches) - t0) / 1e3
     lines = [f"{len(launches)} launches over {span:.1f} us (finest step between stamps "
              f"{tick} ns)", "  us from the step's first start: kernel, programs (SMs, most on "
              "one): start spread, release (after the previous end), work (median), tail, "
