@@ -119,6 +119,8 @@ def _prefetch_ok(value: str) -> bool:
 # the triton backend's own
 SETTINGS: dict[str, tuple[Any, str, bool]] = {
     "gemv": (("auto", "on", "off").__contains__, "WEFT_GEMV", False),
+    "norm": (("fold", "launch").__contains__, "WEFT_FOLD_NORM (on: fold): the RMSNorms folded "
+             "into the skinny GEMVs or launched", False),
     "sum": (("here", "launch").__contains__, "WEFT_SPLIT_SUM (GEMV and decode)", False),
     "rope": (("fused", "separate").__contains__, "rotary in the decode kernel or not", True),
     "attn": (("plain", "pdl", "wait").__contains__, "decode kernels as programmatic dependents "
@@ -146,7 +148,7 @@ def parse_mode(mode: str) -> dict[str, str]:
 def _defaults(runner: ModelRunner) -> dict[str, Any]:
     """The switches a step mode may set, as the runner was built (each mode starts from them)."""
     graphs: Any = runner.graphs
-    names = ("gemv_mode", "sum_here")
+    names = ("gemv_mode", "sum_here", "fold_norms")
     attn = ("sum_here", "decode_warps", "l2_prefetch", "l2_prefetch_fraction", "l2_prefetch_bs",
             "fuse_rope", "pdl", "pdl_trigger")  # fmt: skip
     return {"graphs": {n: getattr(graphs, n) for n in names},
@@ -163,6 +165,8 @@ def apply_mode(runner: ModelRunner, settings: dict[str, str], defaults: dict[str
     for key, value in settings.items():
         if key == "gemv":
             graphs.gemv_mode = value
+        elif key == "norm":  # WEFT_FOLD_NORM: where the decode graphs' projections run the GEMV
+            graphs.fold_norms = value == "fold"
         elif key == "sum":  # who sums split K (GEMV) and split KV (decode attention)
             graphs.sum_here = attn.sum_here = value == "here"
         elif key == "warps":  # the decode kernel's warps (auto: its default)

@@ -41,6 +41,11 @@
 #   bash benchmarks/run_h200_next.sh timeline # the decode step from the inside (per-program stamps:
 #                                             # boundaries, work, tails, SMs) at batch 1 and 8,
 #                                             # per step mode (MODES, e.g. "attn=plain attn=wait")
+#   bash benchmarks/run_h200_next.sh fold     # the RMSNorms folded into the skinny GEMVs
+#                                             # (WEFT_FOLD_NORM, off until timed): the folded
+#                                             # kernel test, the bf16 greedy comparison (one
+#                                             # variant folds), decode steps at batches 1-16
+#                                             # with the norms folded and launched, twice
 #   bash benchmarks/run_h200_fp8.sh prefix    # prefix sharing end to end
 # NOTE: never `git checkout HEAD -- ...` on the device: its copy carries the .git of the landed
 # main, so that restores the session's starting code (tenth session, calls 4-5).
@@ -138,5 +143,14 @@ case "${1:-}" in
     timeout "${STEP_S:-300}" python3 step_timeline.py --batches ${BATCHES:-1 8} --layers 1 \
       --step-modes ${MODES:-attn=plain attn=wait} 2>&1 | grep -v -i warn | tee "$OUT/timeline.log"
     ;;
-  *) echo "usage: $0 checks|extend|extprof|tune|nogap|gemv|gemvstep|trace|sums|timeline" >&2; exit 2 ;;
+  fold)
+    timeout "${TEST_S:-240}" python3 -m pytest -v -p no:cacheprovider tests/gpu/test_kernels_cuda.py \
+      -k "folded or gemv or rmsnorm or torch_backends_greedy" tests/gpu/test_engine_cuda.py \
+      -s 2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed|identical" | tee "$OUT/tests_fold.log"
+    cd benchmarks
+    timeout "${STEP_S:-300}" python3 one_batch.py --backends triton+graph --batches 1 4 8 16 \
+      --reps 20 --step-modes norm=fold norm=launch norm=fold norm=launch 2>&1 | grep -v Warning \
+      | tee "$OUT/fold_modes.log" | grep -E "^\{|copy" | grep -v prefill
+    ;;
+  *) echo "usage: $0 checks|extend|extprof|tune|nogap|gemv|gemvstep|trace|sums|timeline|fold" >&2; exit 2 ;;
 esac

@@ -22,14 +22,16 @@ if TYPE_CHECKING:
     from .norm import fused_add_rmsnorm, rmsnorm
     from .rotary import cos_sin_cache, rotary_embedding
     from .shared_prefix import SharedPrefix
-    from .skinny import GemvLaunch, gemv
+    from .skinny import AddNorm, GemvLaunch, NormedX, gemv, norm_tiles
     from .splits import decode_num_kv_splits
 
 _EXPORTS = {
+    "AddNorm": "skinny",
     "DecodeRope": "decode",
     "FP8_KV": "_check",
     "FP8_MAX": "_check",
     "GemvLaunch": "skinny",
+    "NormedX": "skinny",
     "SharedPrefix": "shared_prefix",
     "apply_token_bitmask": "bitmask",
     "argmax_rows": "argmax",
@@ -42,6 +44,7 @@ _EXPORTS = {
     "fused_add_rmsnorm": "norm",
     "gemv": "skinny",
     "kv_page_indices": "kv_indices",
+    "norm_tiles": "skinny",
     "rmsnorm": "norm",
     "rotary_embedding": "rotary",
     "silu_and_mul": "activation",
@@ -50,10 +53,12 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "AddNorm",
     "DecodeRope",
     "FP8_KV",
     "FP8_MAX",
     "GemvLaunch",
+    "NormedX",
     "SharedPrefix",
     "apply_token_bitmask",
     "argmax_rows",
@@ -66,6 +71,7 @@ __all__ = [
     "fused_add_rmsnorm",
     "gemv",
     "kv_page_indices",
+    "norm_tiles",
     "rmsnorm",
     "rotary_embedding",
     "silu_and_mul",

@@ -77,6 +77,7 @@ class GraphRunner:
         self.blas: dict[int, str] = {}  # the cuBLAS path each size's graph was captured with
         self.gemv_mode = skinny.mode_from_env()
         self.sum_here = sum_here_from_env()  # split-K GEMVs sum their slices themselves
+        self.fold_norms = skinny.fold_from_env()  # the norms folded into the GEMVs where they run
         # per projection shape, the sizes whose graphs run the skinny GEMV, and its launch
         self.gemv: dict[skinny.Shape, dict[int, Any]] = {}
 
@@ -100,6 +101,7 @@ class GraphRunner:
         else:
             self.blas = dict.fromkeys(self.sizes, self.blas_mode)
         self.gemv = skinny.choose(self.model, self.sizes, self.gemv_mode, self.sum_here)
+        self.model.fold_norms = self.fold_norms
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

@@ -37,6 +37,17 @@ def mode_from_env() -> str:
     return mode
 
 
+def fold_from_env() -> bool:
+    """WEFT_FOLD_NORM: on (where a decode graph's projections all run the skinny GEMV, each
+    residual add goes into the GEMV before it and each RMSNorm into the GEMV after it, two norm
+    launches a layer fewer: LlamaForCausalLM.folds_norms) or off (the default until it is timed
+    on the GPU: the norms launch)."""
+    mode = os.environ.get("WEFT_FOLD_NORM", "off")
+    if mode not in ("on", "off"):
+        raise ValueError(f"WEFT_FOLD_NORM must be on or off, got {mode!r}")
+    return mode == "on"
+
+
 def by_shape(model: nn.Module) -> dict[Shape, list[Projection]]:
     """The model's Projections grouped by (out, in, gated), in module order."""
     groups: dict[Shape, list[Projection]] = {}

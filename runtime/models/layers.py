@@ -43,6 +43,36 @@ class Projection(nn.Linear):
             return gemv(x, self.weight, self.bias, launch=launch, pdl=self.pdl)
         return F.linear(x, self.weight, self.bias)
 
+    def folds_norm(self, rows: int) -> bool:
+        """Whether batches of `rows` run the GEMV and it may fold an RMSNorm's add into its
+        epilogue (forward_add: its K splits, if any, summed in the GEMV)."""
+        launch = self.gemv_launches.get(rows)
+        return launch is not None and (launch.split_k == 1 or launch.sum_here)
+
+    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual += self(x) (or, gated, self(silu_and_mul(x))) in place, as the GEMV's
+        epilogue (folds_norm(rows)); returns the new residual's squares per column tile, which
+        forward_normed takes to normalise it (the RMSNorm's launch folded away)."""
+        from weft.kernels import AddNorm, gemv, norm_tiles
+
+        launch = self.gemv_launches[x.shape[0]]
+        squares = torch.empty(x.shape[0], norm_tiles(self.out_features, launch),
+                              dtype=torch.float32, device=x.device)  # fmt: skip
+        gemv(x, self.weight, self.bias, silu_mul=self.gated, launch=launch, pdl=self.pdl,
+             add_norm=AddNorm(residual, squares))  # fmt: skip
+        return squares
+
+    def forward_normed(
+        self, residual: torch.Tensor, norm: RMSNorm, squares: torch.Tensor
+    ) -> torch.Tensor:
+        """self(norm(residual)) with the norm applied as the GEMV loads the residual, from the
+        squares of the forward_add that left it (the values `norm` would store)."""
+        from weft.kernels import NormedX, gemv
+
+        launch = self.gemv_launches[residual.shape[0]]
+        normed = NormedX(norm.weight, squares, norm.eps)
+        return gemv(residual, self.weight, self.bias, launch=launch, pdl=self.pdl, normed_x=normed)
+
     def forward_gated(
         self, gate_up: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:

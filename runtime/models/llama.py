@@ -55,7 +55,12 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         # x: [T, hidden]
-        qkv = self.qkv_proj(x)
+        return self.tp.all_reduce(self.o_proj(self.attend(self.qkv_proj(x), batch, attn)))
+
+    def attend(
+        self, qkv: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend
+    ) -> torch.Tensor:
+        """The attention of the projected [T, q + 2 kv] over the pool: [T, q_size], o_proj's x."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -71,7 +76,7 @@ class LlamaAttention(nn.Module):
             out = attn.forward(
                 q, k, v, self.layer, batch, self.scale, self.sliding_window, kv_stored=bool(target)
             )
-        return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
+        return out.reshape(-1, self.q_size)
 
 
 class LlamaMLP(nn.Module):
@@ -123,6 +128,26 @@ class LlamaDecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm.add_forward(x, residual)
         return self.mlp(x), residual
 
+    def forward_folded(
+        self,
+        h: torch.Tensor,
+        squares: torch.Tensor | None,
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+    ) -> torch.Tensor:
+        """forward with each residual add folded into the projection before it and each norm
+        into the projection after it (LlamaForCausalLM.folds_norms): h, the residual stream with
+        every add done, is updated in place; returns its squares (Projection.forward_add), which
+        the next layer's input norm takes; `squares` None: h is the embedding, normed here."""
+        self_attn, mlp = self.self_attn, self.mlp
+        if squares is None:
+            qkv = self_attn.qkv_proj(self.input_layernorm(h))
+        else:
+            qkv = self_attn.qkv_proj.forward_normed(h, self.input_layernorm, squares)
+        squares = self_attn.o_proj.forward_add(self_attn.attend(qkv, batch, attn), h)
+        gate_up = mlp.gate_up_proj.forward_normed(h, self.post_attention_layernorm, squares)
+        return mlp.down_proj.forward_add(gate_up, h)
+
 
 class LlamaForCausalLM(nn.Module):
     """Parameter names follow HF checkpoints, except q/k/v and gate/up, which are fused on load."""
@@ -142,16 +167,34 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        # batches whose projections all run the skinny GEMV fold the norms into them (folds_norms)
+        self.fold_norms = True
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Hidden states after the final norm: [T, hidden]."""
         x = self.embed_tokens(batch.input_ids)
+        if self.folds_norms(x.shape[0]):
+            squares: torch.Tensor | None = None
+            for layer in self.layers:
+                assert isinstance(layer, LlamaDecoderLayer)
+                squares = layer.forward_folded(x, squares, batch, attn)
+            return self.norm(x)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             x, residual = layer(x, residual, batch, attn)
         if residual is None:  # no layers
             return self.norm(x)
         return self.norm.add_forward(x, residual)[0]
+
+    def folds_norms(self, rows: int) -> bool:
+        """Whether a batch of `rows` runs its layers through forward_folded: with fold_norms, on
+        one rank, where every projection runs the skinny GEMV at that size (the graph runner's
+        pick) and the adds may go into its epilogue. The values are the unfolded forward's (up
+        to the float32 order of the norms' sums); two RMSNorm launches a layer fewer."""
+        if not (self.fold_norms and self.tp.size == 1 and len(self.layers)):
+            return False
+        projections = [m for m in self.modules() if isinstance(m, Projection)]
+        return all(m.folds_norm(rows) for m in projections)
 
     def use_kernels(self) -> None:
         """Run RMSNorm (+ residual add), rotary embedding and SiLU-and-mul as weft's Triton

@@ -52,7 +52,9 @@ def test_fp32_cuda_greedy_equals_hf(random_llama: Path, unfused: bool) -> None:
         assert out["output_ids"] == ref[0, ids.shape[1] :].tolist(), prompt
 
 
-def test_bf16_backends_give_the_torch_backends_greedy_tokens(random_llama_d64: Path) -> None:
+def test_bf16_backends_give_the_torch_backends_greedy_tokens(
+    random_llama_d64: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every backend's greedy tokens equal the torch backend's, except where the torch backend's
     own top two tokens were a near-tie (bf16 kernels round differently): a divergence anywhere
     else is a bug, not rounding. Up to the first divergence, each chosen token's logprob is the
@@ -71,6 +73,7 @@ def test_bf16_backends_give_the_torch_backends_greedy_tokens(random_llama_d64: P
         {"attention_backend": "triton"},
         {"attention_backend": "triton", "overlap_schedule": "off"},
         {"attention_backend": "triton", "disable_cuda_graph": True},
+        {"attention_backend": "triton", "WEFT_FOLD_NORM": "on"},  # the norms in the GEMVs
     ]
     if importlib.util.find_spec("flashinfer") is not None:
         variants += [
@@ -83,8 +86,12 @@ def test_bf16_backends_give_the_torch_backends_greedy_tokens(random_llama_d64: P
     gaps = [[top[0][0] - top[1][0] for top in o["meta_info"]["output_top_logprobs"]] for o in ref]
     failures = []
     for kwargs in variants:
-        with weft.Engine(str(random_llama_d64), device="cuda", page_size=16, **kwargs) as eng:
-            runs = eng.generate(prompts, params, return_logprob=True, top_logprobs_num=2)
+        with monkeypatch.context() as env:  # WEFT_* keys: the scheduler's environment
+            for key in [k for k in kwargs if k.startswith("WEFT_")]:
+                env.setenv(key, kwargs[key])
+            args = {k: v for k, v in kwargs.items() if not k.startswith("WEFT_")}
+            with weft.Engine(str(random_llama_d64), device="cuda", page_size=16, **args) as eng:
+                runs = eng.generate(prompts, params, return_logprob=True, top_logprobs_num=2)
         diverged = {}  # prompt -> (first differing position, the torch backend's top-2 gap there)
         noise = 0.0  # the largest chosen-token logprob difference before any divergence
         for p, (run, want) in enumerate(zip(runs, ref, strict=True)):

@@ -329,6 +329,57 @@ def test_gemv_at_the_projection_shapes(
         assert_close(out, ref.gemv_ref(x, weight, b, silu_mul), 1e-2)
 
 
+@pytest.mark.parametrize("rows", [1, 4, 16])
+@pytest.mark.parametrize(
+    "k, n2, silu, first, second",
+    [(4096, 28672, False, (64, 128, 1, 4, 4), (64, 128, 1, 4, 6)),  # o_proj -> gate_up
+     (14336, 6144, True, (128, 128, 4, 8, 4), (64, 64, 1, 4, 8))],  # down -> qkv
+)  # fmt: skip
+def test_folded_norms_give_the_unfolded_chain(
+    rows: int, k: int, n2: int, silu: bool, first: tuple, second: tuple
+) -> None:
+    """Llama-3.1-8B's projection -> add + norm -> projection pairs in bfloat16, the norms folded
+    into the GEMVs (AddNorm, NormedX) and replayed in a CUDA graph with programmatic dependent
+    launches, against the GEMV, fused_add_rmsnorm, GEMV chain: the same residual bits, the same
+    products up to the float32 order of the norm's sum."""
+    hidden, eps = 4096, 1e-5
+    x = torch.randn(rows, (2 if silu else 1) * k, dtype=torch.bfloat16, device=DEV)
+    w1 = (torch.randn(hidden, k, device=DEV) / k**0.5).to(torch.bfloat16)
+    w2 = (torch.randn(n2, hidden, device=DEV) / hidden**0.5).to(torch.bfloat16)
+    gamma = (1 + 0.1 * torch.randn(hidden, device=DEV)).to(torch.bfloat16)
+    residual = torch.randn(rows, hidden, dtype=torch.bfloat16, device=DEV)
+    launch1, launch2 = wk.GemvLaunch(*first), wk.GemvLaunch(*second)
+    y1 = wk.gemv(x, w1, silu_mul=silu, launch=launch1)
+    h_want = residual.clone()
+    wk.fused_add_rmsnorm(y1, h_want, gamma, eps)
+    want = wk.gemv(y1, w2, launch=launch2)
+    h = residual.clone()
+    squares = torch.full((rows, wk.norm_tiles(hidden, launch1)), float("nan"), device=DEV)
+    out = torch.full((rows, n2), float("nan"), dtype=torch.bfloat16, device=DEV)
+
+    def folded() -> None:
+        wk.gemv(x, w1, silu_mul=silu, launch=launch1, pdl=True, add_norm=wk.AddNorm(h, squares))
+        wk.gemv(h, w2, out=out, launch=launch2, pdl=True,
+                normed_x=wk.NormedX(gamma, squares, eps))  # fmt: skip
+
+    folded()  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        folded()
+    for _ in range(3):  # each replay adds to the same start anew
+        h.copy_(residual)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(h, h_want)
+        assert_close(out, want.float(), 1e-3)
+        differ = (out != want).float().mean().item()
+        assert differ < 0.01, f"{differ:.2%} of the products differ from the unfolded chain"
+    normed = ref.fused_add_rmsnorm_ref(ref.gemv_ref(x, w1, None, silu).to(torch.bfloat16),
+                                       residual, gamma, eps)[0]  # fmt: skip
+    assert_close(out, ref.gemv_ref(normed.to(torch.bfloat16), w2), 1e-2)
+
+
 @pytest.mark.parametrize("rows", [1, 16])
 def test_split_sums_here_equal_their_own_launches(rows: int) -> None:
     """Split K (GEMV) and split KV (decode attention) summed by each tile's last program to

@@ -20,13 +20,13 @@ def test_modes_parse_and_refuse_what_they_do_not_know() -> None:
         "sum": "launch", "prefetch": "end:0.5", "warps": "2"}  # fmt: skip
     for bad, match in (("fold=on", "not KEY=VALUE"), ("sum", "not KEY=VALUE"),
                        ("warps=3", "warps='3'"), ("prefetch=end:2", "prefetch='end:2'"),
-                       ("prefetch=mid", "prefetch='mid'")):  # fmt: skip
+                       ("prefetch=mid", "prefetch='mid'"), ("norm=on", "norm='on'")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             one_batch.parse_mode(bad)
 
 
 def _runner() -> Any:
-    graphs = SimpleNamespace(gemv_mode="auto", sum_here=True)
+    graphs = SimpleNamespace(gemv_mode="auto", sum_here=True, fold_norms=False)
     attn = SimpleNamespace(sum_here=True, decode_warps=None, l2_prefetch="end",
                            l2_prefetch_fraction=0.5, l2_prefetch_bs=4, fuse_rope=True, pdl=False,
                            pdl_trigger=True)  # fmt: skip
@@ -50,5 +50,7 @@ def test_each_mode_starts_from_the_defaults() -> None:
     assert runner.attn.pdl_trigger
     one_batch.apply_mode(runner, one_batch.parse_mode("attn=wait"), defaults, 4)
     assert runner.attn.pdl and not runner.attn.pdl_trigger
-    one_batch.apply_mode(runner, one_batch.parse_mode("sum=here"), defaults, 4)
-    assert not runner.attn.pdl and runner.attn.pdl_trigger
+    one_batch.apply_mode(runner, one_batch.parse_mode("sum=here,norm=fold"), defaults, 4)
+    assert not runner.attn.pdl and runner.attn.pdl_trigger and runner.graphs.fold_norms
+    one_batch.apply_mode(runner, one_batch.parse_mode("gemv=on"), defaults, 4)
+    assert not runner.graphs.fold_norms

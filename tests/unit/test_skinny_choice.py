@@ -44,6 +44,16 @@ def test_weft_gemv_must_be_a_known_mode(monkeypatch: pytest.MonkeyPatch) -> None
     assert skinny.mode_from_env() == "off"
 
 
+def test_weft_fold_norm_must_be_on_or_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WEFT_FOLD_NORM", raising=False)
+    assert skinny.fold_from_env() is False  # the default until timed on the GPU
+    monkeypatch.setenv("WEFT_FOLD_NORM", "on")
+    assert skinny.fold_from_env() is True
+    monkeypatch.setenv("WEFT_FOLD_NORM", "yes")
+    with pytest.raises(ValueError, match="WEFT_FOLD_NORM must be on or off"):
+        skinny.fold_from_env()
+
+
 def test_a_size_is_dropped_and_restored() -> None:
     model = tiny_llama()
     mods = [m for group in skinny.by_shape(model).values() for m in group]
