@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -167,8 +168,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        # batches whose projections all run the skinny GEMV fold the norms into them (folds_norms)
-        self.fold_norms = True
+        # batches whose projections all run the skinny GEMV fold the norms into them (folds_norms;
+        # the graph runner sets it from WEFT_FOLD_NORM)
+        self.fold_norms = False
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Hidden states after the final norm: [T, hidden]."""
@@ -193,8 +195,11 @@ class LlamaForCausalLM(nn.Module):
         to the float32 order of the norms' sums); two RMSNorm launches a layer fewer."""
         if not (self.fold_norms and self.tp.size == 1 and len(self.layers)):
             return False
-        projections = [m for m in self.modules() if isinstance(m, Projection)]
-        return all(m.folds_norm(rows) for m in projections)
+        return all(m.folds_norm(rows) for m in self._projections)
+
+    @functools.cached_property
+    def _projections(self) -> tuple[Projection, ...]:
+        return tuple(m for m in self.modules() if isinstance(m, Projection))
 
     def use_kernels(self) -> None:
         """Run RMSNorm (+ residual add), rotary embedding and SiLU-and-mul as weft's Triton
