@@ -1,4 +1,5 @@
-"""Registers, spills, shared memory and tensor-core instructions of the attention kernels' launches,
+"""Registers, spills, shared memory and tensor-core instructions of the attention kernels' launches
+and the skinny GEMV's (plain and with the RMSNorms folded in),
 compiled for sm_90 on any machine (Triton's own ptxas; no GPU needed):
 
     python benchmarks/kernel_resources.py
@@ -29,6 +30,7 @@ from triton.compiler import ASTSource
 from weft.kernels.decode import _decode_split_kernel
 from weft.kernels.extend import _extend_kernel
 from weft.kernels.shared_prefix import _prefix_split_kernel
+from weft.kernels.skinny import _gemv_kernel
 
 FP8, BF16 = "*fp8e4nv", "*bf16"
 
@@ -116,6 +118,23 @@ def main() -> None:
     for w in (4, 8):
         rows.append(("extend kernel, bf16 pool, 64 x 64", _extend_kernel, bf16_ext,
                      {**ext, **bf16, "BLOCK_M": 64, "BLOCK_N": 64}, w, 2))  # fmt: skip
+    # the skinny GEMV's Llama-3.1-8B launches at one row, plain and with the norms folded in
+    gemv_ptrs = {"X": BF16, "W": BF16, "Bias": BF16, "Out": BF16, "Part": "*fp32",
+                 "Counters": "*i32", "Trace": "*i64", "Gamma": BF16, "Squares": "*fp32",
+                 "M": "i32", "N": "i32", "K": "i32", "K_SLICE": "i32", "eps": "fp32"}  # fmt: skip
+    gemv = {"EVEN": True, "HAS_BIAS": False, "SILU_MUL": False, "DOT_PRECISION": "tf32",
+            "ADD_NORM": False, "NORM_X": False, "BLOCK_T": 1, "PDL": True, "TRACE": False}  # fmt: skip
+    folded = {"ADD_NORM": True}, {"NORM_X": True, "BLOCK_T": 64}
+    for label, (bn, bk, sk, w, s), fold in (
+        ("qkv", (64, 128, 1, 4, 4), folded[1]), ("o_proj", (64, 128, 1, 4, 4), folded[0]),
+        ("gate_up", (64, 128, 1, 4, 6), folded[1]),
+        ("down", (128, 128, 4, 8, 4), {**folded[0], "SILU_MUL": True}),
+    ):  # fmt: skip
+        tiles = {**gemv, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "SUM_HERE": sk > 1,
+                 "SILU_MUL": label == "down"}  # fmt: skip
+        rows.append((f"gemv {label}", _gemv_kernel, gemv_ptrs, tiles, w, s))
+        name = "add_norm" if fold.get("ADD_NORM") else "normed_x"
+        rows.append((f"gemv {label}, {name}", _gemv_kernel, gemv_ptrs, {**tiles, **fold}, w, s))
     for label, fn, ptrs, const, warps, stages in rows:
         where = f"{label}, {warps} warps, {stages} stages"
         print(f"  {where:<62} {resources(fn, ptrs, const, warps, stages)}")
