@@ -128,7 +128,7 @@ def main() -> None:
     for label, (bn, bk, sk, w, s), fold in (
         ("qkv", (64, 128, 1, 4, 4), folded[1]), ("o_proj", (64, 128, 1, 4, 4), folded[0]),
         ("gate_up", (64, 128, 1, 4, 6), folded[1]),
-        ("down", (128, 128, 4, 8, 4), {**folded[0], "SILU_MUL": True}),
+        ("down", (128, 128, 4, 8, 4), folded[0]),
     ):  # fmt: skip
         tiles = {**gemv, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "SUM_HERE": sk > 1,
                  "SILU_MUL": label == "down"}  # fmt: skip
