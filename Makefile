@@ -27,12 +27,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy weft lang runtime radix constrain kernels
 
-# SAFE: -P (Python 3.11+) keeps the repo root off sys.path, so its kernels/ folder cannot shadow
-# the `kernels` distribution that transformers imports (the runtime's children run with -P too)
-SAFE = $$($(BIN)/python -c 'import sys; print("-P" if sys.version_info >= (3, 11) else "")')
-
 test: $(STAMP) lint
-	$(BIN)/python $(SAFE) -m pytest -q tests
+	$(BIN)/python -m pytest -q tests
 
 # ARGS: extra `weft serve` options, e.g. make serve ARGS="--port 8000 --api-key secret"
 serve: $(STAMP)

@@ -105,7 +105,8 @@ def bench_gemms(ceiling: float, batches: list[int]) -> None:
 
 
 def bench_attention(ceiling: float) -> None:
-    from weft.kernels import decode_attention, decode_num_kv_splits
+    from weft.kernels.decode import decode_attention
+    from weft.kernels.splits import decode_num_kv_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bsz, kv = 64, 2048
@@ -136,7 +137,8 @@ def bench_attention(ceiling: float) -> None:
 
 def bench_splits(ceiling: float, batches: list[int]) -> None:
     """The decode kernel's default launch per split count and batch (bf16, kv 2048, in a graph)."""
-    from weft.kernels import decode_attention, decode_num_kv_splits
+    from weft.kernels.decode import decode_attention
+    from weft.kernels.splits import decode_num_kv_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     grid = (1, 2, 4, 8, 16)
@@ -168,8 +170,8 @@ def bench_small(ceiling: float, batches: list[int], near: bool = False) -> None:
     batch 8 the runtime's 4-warp launch took 31.9 us here and 23.6 us inside the step's graph
     (profile_step.py runner), where 2 warps (27.0 us here) took 24.1 (BENCHMARKS.md,
     twenty-fourth session). Confirm a launch with one_batch.py --warp-modes or a trace."""
-    from weft.kernels import decode_attention, decode_num_kv_splits
-    from weft.kernels.decode import MERGE_MAX_SPLITS
+    from weft.kernels.decode import MERGE_MAX_SPLITS, decode_attention
+    from weft.kernels.splits import decode_num_kv_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print("\ndecode attention in a CUDA graph, kv 2048, bf16: us per call, % of copy")

@@ -92,7 +92,8 @@ def decode_bytes(
 
 
 def bench_decode(ceiling: float, quick: bool) -> None:
-    from weft.kernels import decode_attention, decode_num_kv_splits
+    from weft.kernels.decode import decode_attention
+    from weft.kernels.splits import decode_num_kv_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     splits_grid = [1, 2, 4, 8, 16, 32]
@@ -127,7 +128,7 @@ def sweep_launches(
 ) -> list[tuple[float, int, int, int, int]]:
     """decode_attention timed per (splits, block_n, warps, stages) of `grid`: (ms, *launch),
     fastest first; a launch that fails (out of shared memory etc.) is printed and skipped."""
-    from weft.kernels import decode_attention
+    from weft.kernels.decode import decode_attention
 
     results = []
     for splits, block_n, warps, stages in grid:
@@ -147,7 +148,8 @@ def sweep_launches(
 def bench_decode_tune(ceiling: float) -> None:
     """Stage-1 tile (block_n), warps, pipeline stages and split counts per batch size, each as
     a fraction of the copy ceiling; FlashInfer's tensor-core decode on the same data if installed."""
-    from weft.kernels import decode_attention, decode_num_kv_splits
+    from weft.kernels.decode import decode_attention
+    from weft.kernels.splits import decode_num_kv_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print("\ndecode tuning, kv 2048, 32 q / 8 kv heads, d=128, page 16, bf16: % of copy ceiling")
@@ -199,7 +201,8 @@ def bench_decode_small(ceiling: float) -> None:
     """Small decode batches inside a CUDA graph, as a decode step runs them: per split count and
     tile. One call per layer, each layer its own pool (>= 256 MB in all, so the L2 holds none of
     it, as between the layers of a model step)."""
-    from weft.kernels import decode_attention, decode_num_kv_splits
+    from weft.kernels.decode import decode_attention
+    from weft.kernels.splits import decode_num_kv_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print("\ndecode in a CUDA graph, kv 2048, 32 q / 8 kv heads, d=128, page 16, bf16")
@@ -269,7 +272,9 @@ def bench_shared_prefix(ceiling: float) -> None:
     """Decode over a prefix shared by groups of requests: read once per group (SharedPrefix) vs
     once per request, at the runtime's split counts and a sweep of the prefix kernel's launch;
     the roofline counts the shared KV once."""
-    from weft.kernels import SharedPrefix, decode_attention, decode_num_kv_splits
+    from weft.kernels.decode import decode_attention
+    from weft.kernels.shared_prefix import SharedPrefix
+    from weft.kernels.splits import decode_num_kv_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print("\nshared-prefix decode, groups x 16 requests, prefix 2048 + own 256, bf16")

@@ -35,7 +35,7 @@ def extend_setup(
 def bench_extend(quick: bool) -> None:
     """Packed (a kv head's 4 q heads in one program, each K/V tile loaded once for them) against
     one program per q head, at their default launches, then (unless quick) a sweep of each."""
-    from weft.kernels import extend_attention
+    from weft.kernels.extend import extend_attention
 
     print("\nextend attention, 32 q / 8 kv heads, d=128, page 16, bf16 q: TFLOP/s (causal FLOPs)")
     shapes = [  # batch, cached prefix, new tokens, pool dtype, requests per shared prefix
@@ -87,15 +87,11 @@ def bench_extend(quick: bool) -> None:
 
 
 def bench_elementwise(ceiling: float) -> None:
-    from weft.kernels import (
-        apply_token_bitmask,
-        cos_sin_cache,
-        fused_add_rmsnorm,
-        rmsnorm,
-        rotary_embedding,
-        silu_and_mul,
-        store_kv,
-    )
+    from weft.kernels.activation import silu_and_mul
+    from weft.kernels.bitmask import apply_token_bitmask
+    from weft.kernels.kv_store import store_kv
+    from weft.kernels.norm import fused_add_rmsnorm, rmsnorm
+    from weft.kernels.rotary import cos_sin_cache, rotary_embedding
 
     bf16, dev = torch.bfloat16, "cuda"
     t, hidden, inter = 4096, 4096, 14336
@@ -148,7 +144,7 @@ def bench_extend_work() -> None:
     """The grid of every request x its longest request's query blocks against a work list of
     just the blocks with new tokens, heaviest first (extend_work), on batches the prefix-sharing
     and offline runs make: TFLOP/s counting causal FLOPs."""
-    from weft.kernels import extend_attention, extend_block_tokens, extend_work
+    from weft.kernels.extend import extend_attention, extend_block_tokens, extend_work
 
     print("\nextend attention, grid vs work list, 32 q / 8 kv heads, d=128, page 16: TFLOP/s")
     shapes = [  # label, [(cached, new)] per request, pool dtype, requests per shared prefix

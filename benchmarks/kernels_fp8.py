@@ -21,7 +21,8 @@ def bench_decode_fp8_tune(ceiling: float) -> None:
     """The decode kernel on an fp8 (e4m3) pool at large batches (offline throughput's shapes):
     block_n, warps and stages around the defaults, as a fraction of the copy ceiling (KV bytes at
     1 byte per element); the bf16 pool's defaults on the same shape for comparison."""
-    from weft.kernels import decode_attention, decode_num_kv_splits
+    from weft.kernels.decode import decode_attention
+    from weft.kernels.splits import decode_num_kv_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     kv_len = 1536
@@ -54,7 +55,8 @@ def bench_decode_fp8_peer(ceiling: float) -> None:
     on the same pool (the peer; it dequantizes in its kernel), and both on the bf16 pool, at
     offline throughput's batches; % of the copy ceiling counts the pool's bytes (1 per element
     for fp8). The staged kernel's launch is swept too; its output is checked against the old."""
-    from weft.kernels import decode_attention, decode_num_kv_splits
+    from weft.kernels.decode import decode_attention
+    from weft.kernels.splits import decode_num_kv_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     kv_len = 1536
@@ -98,8 +100,9 @@ def bench_prefix_decode_fp8(ceiling: float) -> None:
     the block tensors padded to a CUDA graph's capacity at batch 1024 (128 blocks, half empty).
     The roofline counts the shared KV once and each request's own KV once, at 1 byte per element;
     the prefix kernel is also timed alone (the own kernel's share is the difference)."""
-    from weft.kernels import SharedPrefix, decode_attention, decode_num_kv_splits
-    from weft.kernels.shared_prefix import shared_prefix_splits
+    from weft.kernels.decode import decode_attention
+    from weft.kernels.shared_prefix import SharedPrefix, shared_prefix_splits
+    from weft.kernels.splits import decode_num_kv_splits
     from weft.runtime.shared_prefix import max_blocks, prefix_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -168,8 +171,8 @@ def bench_prefix_kernel_pools(ceiling: float) -> None:
     launch) over a bf16 pool and an fp8 pool, per keys per tile, warps and pipeline stages: us,
     TFLOP/s (4 * rows * keys * 128 per kv head) and % of its byte roofline (the prefix read once).
     Whether the fp8 pool's conversion or the dots bound it: over bf16 it reads twice the bytes."""
-    from weft.kernels import SharedPrefix, decode_num_kv_splits
-    from weft.kernels.shared_prefix import shared_prefix_splits
+    from weft.kernels.shared_prefix import SharedPrefix, shared_prefix_splits
+    from weft.kernels.splits import decode_num_kv_splits
     from weft.runtime.shared_prefix import prefix_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -206,7 +209,8 @@ def bench_decode_fp8_mid(ceiling: float) -> None:
     """The decode kernel on an fp8 pool at small and middle batches (kv 2048), timed in CUDA
     graphs: per split count at the runtime's launch (the table the split model is fitted to,
     printed as a dict), and 64-key tiles at 1 and 2 splits."""
-    from weft.kernels import decode_attention, decode_num_kv_splits
+    from weft.kernels.decode import decode_attention
+    from weft.kernels.splits import decode_num_kv_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     kv_len = 2048

@@ -17,8 +17,8 @@ from collections.abc import Callable
 import torch
 from kernel_bench import copy_gbps, graph_ms
 
-from weft.kernels import GemvLaunch, gemv
 from weft.kernels.l2 import prefetch_l2
+from weft.kernels.skinny import GemvLaunch, gemv
 
 SHAPES = {"o_proj": (4096, 4096, GemvLaunch(64, 128, 1, 4, 6)),
           "qkv": (6144, 4096, GemvLaunch(64, 64, 1, 4, 8))}  # fmt: skip

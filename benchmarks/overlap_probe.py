@@ -40,7 +40,7 @@ class Half:
     """One nano-batch: its attention inputs (own pool) and its activations."""
 
     def __init__(self, bsz: int, kv_len: int, kv_dtype: torch.dtype) -> None:
-        from weft.kernels import decode_num_kv_splits
+        from weft.kernels.splits import decode_num_kv_splits
 
         self.bsz = bsz
         self.attn = decode_setup(bsz, kv_len)
@@ -53,7 +53,7 @@ class Half:
         self.h = torch.randn(bsz, INTER, dtype=torch.bfloat16, device="cuda")
 
     def attention(self) -> None:
-        from weft.kernels import decode_attention
+        from weft.kernels.decode import decode_attention
 
         decode_attention(**self.attn, num_kv_splits=self.splits)
 

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._check import check_tensor
+from .common import check_tensor
 
 BLOCK = 1024
 

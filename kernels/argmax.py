@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._check import check_tensor
+from .common import check_tensor
 
 CHUNK = 2048
 NO_NAN = 2**31 - 1  # a chunk's first-NaN index when it has none

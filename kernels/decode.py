@@ -10,9 +10,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._check import FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor, kv_dtypes, supports_pdl
 from .arrivals import arrival_counters
 from .attend import LOG2E, _attend
+from .common import FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor, kv_dtypes, supports_pdl
 from .l2 import L2Prefetch, prefetch_l2_part
 from .rotary import _rope_neox, _to_pool
 from .timeline import now, stamps, trace_for

@@ -7,8 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._check import INDEX_DTYPES, check_tensor, kv_dtypes
 from .attend import LOG2E, _e4m3_to_f16_here
+from .common import INDEX_DTYPES, check_tensor, kv_dtypes
 from .decode import fp8_v_staging, fp16_dots
 
 

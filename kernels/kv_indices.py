@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._check import INDEX_DTYPES, check_tensor
+from .common import INDEX_DTYPES, check_tensor
 
 
 @triton.jit

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._check import check_tensor, supports_pdl
+from .common import check_tensor, supports_pdl
 from .timeline import now, stamps, trace_for
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._check import FP8_KV, FP8_MAX
+from .common import FP8_KV, FP8_MAX
 
 
 def decode_attention_ref(

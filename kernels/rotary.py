@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._check import FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor, supports_pdl
+from .common import FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor, supports_pdl
 
 
 def cos_sin_cache(inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:

@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._check import check_tensor, supports_pdl
 from .arrivals import arrival_counters
+from .common import check_tensor, supports_pdl
 from .timeline import now, stamps, trace_for
 
 MAX_ROWS = 16  # rows of x one launch serves (x^T is a dot operand padded to 16 columns)

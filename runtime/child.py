@@ -17,18 +17,6 @@ from weft.runtime.ipc import Endpoints
 Role = Literal["scheduler", "detokenizer"]
 
 
-# NOTE: -P (Python 3.11+) keeps the working directory off sys.path: a folder there named like a
-# dependency's import would shadow it (a weft checkout's kernels/ folder is the import name of
-# the `kernels` distribution that transformers 5.25+ imports). weft comes from its installed
-# package. Python 3.10 has no such flag.
-SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []
-
-
-def python_command(*args: str) -> list[str]:
-    """This interpreter with `args`, its working directory kept off sys.path (SAFE_PATH)."""
-    return [sys.executable, *SAFE_PATH, *args]
-
-
 class ChildProcess:
     """One child: a subprocess.Popen with the few process verbs the runtime uses."""
 
@@ -49,7 +37,7 @@ class ChildProcess:
 
     def start(self) -> None:
         self._popen = subprocess.Popen(
-            python_command("-m", "weft.runtime.child_main"), stdin=subprocess.PIPE, close_fds=True
+            [sys.executable, "-m", "weft.runtime.child_main"], stdin=subprocess.PIPE, close_fds=True
         )
         assert self._popen.stdin is not None
         self._popen.stdin.write(self._payload)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import torch
 
-from weft.kernels import FP8_KV
+from weft.kernels.common import FP8_KV
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -41,7 +41,7 @@ class GrammarMasks:
         dtype, the model's.)"""
         if self.device.type != "cuda" or not self.fused:
             return
-        from weft.kernels import apply_token_bitmask
+        from weft.kernels.bitmask import apply_token_bitmask
 
         words = (self.vocab_size + 31) // 32
         mask = torch.full((2, words), -1, dtype=torch.int32, device=self.device)
@@ -87,7 +87,7 @@ class GrammarMasks:
         index = to_device([where[i] for i in masked] + slots, torch.int64, self.device)
         rows, mask_rows = index[: len(masked)], index[len(masked) :]
         if self.fused:
-            from weft.kernels import apply_token_bitmask
+            from weft.kernels.bitmask import apply_token_bitmask
 
             apply_token_bitmask(logits, mask, rows=rows, mask_rows=mask_rows)
         else:

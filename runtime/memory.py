@@ -6,7 +6,10 @@ import heapq
 
 import torch
 
-from weft.kernels import FP8_KV, FP8_MAX  # kv_cache_dtype="fp8_e4m3"; stores saturate at FP8_MAX
+from weft.kernels.common import (  # kv_cache_dtype="fp8_e4m3"; stores saturate at FP8_MAX
+    FP8_KV,
+    FP8_MAX,
+)
 
 # NOTE: page 0 is never handed out. Its slots are the write target of padded tokens and the gather
 # target of padded keys, so kernels never need a bounds check.

@@ -229,7 +229,7 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     reduces a 128k-wide row in 33-36 us on the H200, the kernel in a few)."""
     if not x.is_cuda:
         return x.argmax(dim=-1)
-    from weft.kernels import argmax_rows
+    from weft.kernels.argmax import argmax_rows
 
     return argmax_rows(x)
 

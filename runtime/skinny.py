@@ -123,7 +123,7 @@ class _GraphTimer:
 
     @staticmethod
     def gemv_op(launch: Any) -> Callable[[Projection, torch.Tensor], torch.Tensor]:
-        from weft.kernels import gemv
+        from weft.kernels.skinny import gemv
 
         def op(m: Projection, x: torch.Tensor) -> torch.Tensor:
             return gemv(x, m.weight, m.bias, silu_mul=m.gated, launch=launch)

@@ -1,10 +1,47 @@
 """Helpers the tests share (conftest.py holds the fixtures): offline tokenizers for random-weight
-models and a real `weft serve` process. Imported as `support`: pytest puts tests/ on sys.path,
-and the repo root stays off it (make test runs Python with -P; see runtime/child.py)."""
+models, the kernels by name and a real `weft serve` process. Imported as `support` (pytest puts
+tests/ on sys.path)."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+# weft's kernel modules (kernels/ is a namespace folder: these are its contents)
+KERNEL_MODULES = (
+    "activation",
+    "argmax",
+    "arrivals",
+    "attend",
+    "bitmask",
+    "decode",
+    "extend",
+    "kv_indices",
+    "kv_store",
+    "l2",
+    "norm",
+    "reference",
+    "rotary",
+    "shared_prefix",
+    "skinny",
+    "splits",
+    "common",
+)
+
+
+def kernel_names(package: str) -> SimpleNamespace:
+    """Every kernel module of `package` (weft.kernels, or kernels/ loaded by path) and the public
+    names each defines, in one namespace: the tests call `wk.decode_attention`, `wk.decode`."""
+    names: dict[str, object] = {}
+    for name in KERNEL_MODULES:
+        module: ModuleType = importlib.import_module(f"{package}.{name}")
+        names[name.lstrip("_")] = module
+        for attr, value in vars(module).items():
+            if not attr.startswith("_") and getattr(value, "__module__", None) == module.__name__:
+                names[attr] = value
+    return SimpleNamespace(**names)
 
 
 def save_word_tokenizer(folder: Path, vocab_size: int) -> None:
@@ -60,13 +97,11 @@ class ServerProcess:
     def __init__(self, args: list[str], log_path: Path) -> None:
         import subprocess
 
-        from weft.runtime.child import python_command
-
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        cmd = python_command("-m", "weft", "serve", "--port", str(self.port), *args)
+        cmd = [sys.executable, "-m", "weft", "serve", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 300.0) -> None:

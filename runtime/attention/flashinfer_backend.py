@@ -115,7 +115,7 @@ class FlashInferAttentionBackend(AttentionBackend):
     def _page_lists(self, req_rows: torch.Tensor, seq_lens: list[int], padded: int) -> PageLists:
         """indptr and last-page lengths on the host (pinned), page indices on the device; rows
         past the batch (graph padding) get one token of page 0."""
-        from weft.kernels import kv_page_indices
+        from weft.kernels.kv_indices import kv_page_indices
 
         p = self.page_size
         b = len(seq_lens)

@@ -6,17 +6,12 @@ import os
 
 import torch
 
-from weft.kernels import (
-    FP8_KV,
-    DecodeRope,
-    SharedPrefix,
-    decode_attention,
-    extend_attention,
-    extend_block_tokens,
-    extend_work,
-    store_kv,
-)
+from weft.kernels.common import FP8_KV
+from weft.kernels.decode import DecodeRope, decode_attention
+from weft.kernels.extend import extend_attention, extend_block_tokens, extend_work
+from weft.kernels.kv_store import store_kv
 from weft.kernels.l2 import L2Prefetch
+from weft.kernels.shared_prefix import SharedPrefix
 from weft.kernels.splits import decode_num_kv_splits
 from weft.runtime.attention.base import AttentionBackend
 from weft.runtime.batch import ForwardBatch

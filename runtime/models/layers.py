@@ -38,7 +38,7 @@ class Projection(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         launch = self.gemv_launches.get(x.shape[0])
         if launch is not None:
-            from weft.kernels import gemv
+            from weft.kernels.skinny import gemv
 
             return gemv(x, self.weight, self.bias, launch=launch, pdl=self.pdl)
         return F.linear(x, self.weight, self.bias)
@@ -53,7 +53,7 @@ class Projection(nn.Linear):
         """residual += self(x) (or, gated, self(silu_and_mul(x))) in place, as the GEMV's
         epilogue (folds_norm(rows)); returns the new residual's squares per column tile, which
         forward_normed takes to normalise it (the RMSNorm's launch folded away)."""
-        from weft.kernels import AddNorm, gemv, norm_tiles
+        from weft.kernels.skinny import AddNorm, gemv, norm_tiles
 
         launch = self.gemv_launches[x.shape[0]]
         squares = torch.empty(x.shape[0], norm_tiles(self.out_features, launch),
@@ -67,7 +67,7 @@ class Projection(nn.Linear):
     ) -> torch.Tensor:
         """self(norm(residual)) with the norm applied as the GEMV loads the residual, from the
         squares of the forward_add that left it (the values `norm` would store)."""
-        from weft.kernels import NormedX, gemv
+        from weft.kernels.skinny import NormedX, gemv
 
         launch = self.gemv_launches[residual.shape[0]]
         normed = NormedX(norm.weight, squares, norm.eps)
@@ -80,7 +80,7 @@ class Projection(nn.Linear):
         computed inside it (as silu_and_mul's kernel rounds it), saving its launch."""
         launch = self.gemv_launches.get(gate_up.shape[0])
         if launch is not None:
-            from weft.kernels import gemv
+            from weft.kernels.skinny import gemv
 
             return gemv(gate_up, self.weight, self.bias, silu_mul=True, launch=launch, pdl=self.pdl)
         return F.linear(act(gate_up), self.weight, self.bias)
@@ -96,7 +96,7 @@ class RMSNorm(nn.Module):
         self._kernels: tuple[Callable[..., Any], Callable[..., Any]] | None = None
 
     def use_kernels(self) -> None:
-        from weft.kernels import fused_add_rmsnorm, rmsnorm
+        from weft.kernels.norm import fused_add_rmsnorm, rmsnorm
 
         pdl = pdl_mode_from_env() != "off"
         self._kernels = (partial(rmsnorm, pdl=pdl), partial(fused_add_rmsnorm, pdl=pdl))
@@ -190,7 +190,7 @@ class RotaryEmbedding(nn.Module):
             self.register_buffer(name, table, persistent=False)
 
     def use_kernels(self) -> None:
-        from weft.kernels import rotary_embedding
+        from weft.kernels.rotary import rotary_embedding
 
         device = self.cos.device
         del self.cos, self.sin
@@ -243,7 +243,7 @@ def _rope_table(
         return table
     inv_freq = rope_inv_freq(head_dim, params).to(dev)
     if name == "cos_sin":
-        from weft.kernels import cos_sin_cache
+        from weft.kernels.rotary import cos_sin_cache
 
         table = cos_sin_cache(inv_freq, max_positions)
     else:

@@ -97,7 +97,7 @@ class LlamaMLP(nn.Module):
         return self.tp.all_reduce(self.down_proj.forward_gated(self.gate_up_proj(x), self.act))
 
     def use_kernels(self) -> None:
-        from weft.kernels import silu_and_mul as silu_and_mul_kernel
+        from weft.kernels.activation import silu_and_mul as silu_and_mul_kernel
 
         self.act = silu_and_mul_kernel
 

@@ -1,5 +1,6 @@
-"""Every example runs, as `python examples/NAME.py --url ... --max-tokens 3` would (against the
-session's server), in one subprocess so the interpreter and torch are imported once."""
+"""Every example runs, as `python examples/NAME.py --url ... --max-tokens 3` from the repo root
+would (against the session's server), in one subprocess so the interpreter and torch are imported
+once."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
 NAMES = [
     "quickstart",
     "few_shot",
@@ -22,11 +24,11 @@ NAMES = [
 RUNNER = """
 import runpy, sys
 url, names = sys.argv[1], sys.argv[2:]
-sys.path.insert(0, ".")
+sys.path.insert(0, "examples")  # as `python examples/NAME.py` puts it first
 for name in names:
     print(f"=== {name}", flush=True)
-    sys.argv = [f"{name}.py", "--url", url, "--max-tokens", "3"]
-    runpy.run_path(f"{name}.py", run_name="__main__")
+    sys.argv = [f"examples/{name}.py", "--url", url, "--max-tokens", "3"]
+    runpy.run_path(f"examples/{name}.py", run_name="__main__")
 """
 
 
@@ -36,7 +38,7 @@ def test_every_example_runs(server: Any) -> None:
     )
     proc = subprocess.run(
         [sys.executable, "-c", RUNNER, server.url, *NAMES],
-        cwd=EXAMPLES,
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,

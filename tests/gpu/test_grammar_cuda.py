@@ -91,7 +91,7 @@ def test_the_fused_apply_is_warmed_up_for_every_variant_a_step_takes() -> None:
     try:
         masks.warm_up(torch.bfloat16)  # the logits' dtype: the model's
         warmed = len(misses)
-        from weft.kernels import apply_token_bitmask
+        from weft.kernels.bitmask import apply_token_bitmask
 
         on_device = torch.full((64, (vocab + 31) // 32), -1, dtype=torch.int32, device=dev)
         for n in (1, 2, 3, 32):

@@ -21,8 +21,11 @@ bench = importlib.util.module_from_spec(_spec)
 sys.modules["bench_kernels"] = bench
 _spec.loader.exec_module(bench)
 
-import weft.kernels as wk  # noqa: E402
+from support import kernel_names  # noqa: E402
+
 from weft.kernels import reference as ref  # noqa: E402
+
+wk = kernel_names("weft.kernels")
 
 TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-4}
 DEV = "cuda"

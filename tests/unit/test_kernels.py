@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-import importlib
+import importlib.machinery
 import importlib.util
 import os
 import subprocess
@@ -13,13 +13,11 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
-
-from weft.runtime.child import python_command
+from support import kernel_names
 
 triton = pytest.importorskip(
     "triton",
@@ -27,20 +25,6 @@ triton = pytest.importorskip(
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = (
-    "activation",
-    "argmax",
-    "attend",
-    "bitmask",
-    "decode",
-    "extend",
-    "skinny",
-    "kv_indices",
-    "kv_store",
-    "norm",
-    "reference",
-    "rotary",
-)
 NAN = float("nan")
 
 
@@ -75,19 +59,13 @@ def _patch_old_interpreter() -> None:
     interpreter._patch_lang_tensor = patched
 
 
-def _load_kernels() -> ModuleType:
+def _load_kernels() -> Any:
     """kernels/ imported by path as its own package: no `import weft` (and its runtime) needed."""
     name = "_weft_kernels_interpreted"
-    spec = importlib.util.spec_from_file_location(
-        name, ROOT / "kernels" / "__init__.py", submodule_search_locations=[str(ROOT / "kernels")]
-    )
-    assert spec is not None and spec.loader is not None
-    pkg = importlib.util.module_from_spec(spec)
-    sys.modules[name] = pkg
-    spec.loader.exec_module(pkg)
-    for mod in MODULES:
-        importlib.import_module(f"{name}.{mod}")
-    return pkg
+    spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    spec.submodule_search_locations = [str(ROOT / "kernels")]
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+    return kernel_names(name)
 
 
 def _child_results(path: str) -> dict[str, tuple[str, str]]:
@@ -98,7 +76,7 @@ def _child_results(path: str) -> dict[str, tuple[str, str]]:
     env["TRITON_INTERPRET"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
-        cmd = python_command("-m", "pytest", path, "-q", "-p", "no:cacheprovider")
+        cmd = [sys.executable, "-m", "pytest", path, "-q", "-p", "no:cacheprovider"]
         proc = subprocess.run(
             [*cmd, f"--junit-xml={report}"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
@@ -152,7 +130,7 @@ interpreted = interpreted_in(__file__)
 if INTERPRETING:
     _patch_old_interpreter()
     wk: Any = _load_kernels()
-    ref: Any = sys.modules[f"{wk.__name__}.reference"]
+    ref: Any = wk.reference
 
 
 @pytest.fixture(autouse=True)

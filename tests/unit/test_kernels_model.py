@@ -7,18 +7,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-
-from weft.runtime.child import python_command
 
 pytest.importorskip("triton", reason="triton is not importable: the kernels cannot run")
 
 HERE = Path(__file__).resolve().parent
 CHILD = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
+import json, os, sys
+sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # test_kernels, support
 import torch, transformers
 from test_kernels import _patch_old_interpreter
 from tp_worker import prefill_logits
@@ -138,7 +137,7 @@ print("RESULT " + json.dumps(out))
 def diffs() -> dict[str, dict[str, float]]:
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        python_command("-c", CHILD, str(HERE)),
+        [sys.executable, "-c", CHILD, str(HERE)],
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,6 @@ import pytest
 from test_overlap_schedule import SCHEMA, greedy, run
 
 from weft.runtime.batch import ForwardMode
-from weft.runtime.child import python_command
 from weft.runtime.sampling_params import SamplingParams
 
 HERE = Path(__file__).resolve().parent
@@ -58,12 +58,12 @@ def test_mixed_steps_give_the_unmixed_outputs(
 
 
 CHILD = r"""
-import json, sys
+import json, os, sys
 import torch
 from weft.runtime.attention import _REGISTRY
 from weft.runtime.batch import ForwardBatch, ForwardMode
 from weft.runtime.memory import KVPool, PageAllocator, ReqToTokenPool
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # test_kernels, support
 from test_kernels import _patch_old_interpreter
 _patch_old_interpreter()
 torch.manual_seed(0)
@@ -110,7 +110,7 @@ def test_triton_backend_splits_a_mixed_batch(work: str) -> None:
     """Its prefills run the extend kernel over the full grid or a work list (WEFT_EXTEND_WORK)."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "WEFT_EXTEND_WORK": work}
     proc = subprocess.run(
-        python_command("-c", CHILD, str(HERE)), env=env, capture_output=True, text=True,
+        [sys.executable, "-c", CHILD, str(HERE)], env=env, capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

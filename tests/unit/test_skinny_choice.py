@@ -146,7 +146,7 @@ def test_the_timed_fastest_launch_is_picked_with_the_split_sum_asked_for(
 ) -> None:
     """Every size the GEMV serves (<= 16 rows) gets the candidate timed fastest, built with the
     WEFT_SPLIT_SUM choice (who sums split K)."""
-    from weft.kernels import GemvLaunch
+    from weft.kernels.skinny import GemvLaunch
 
     mods = skinny.by_shape(tiny_llama())[(32, 32, False)]
     want = GemvLaunch(*skinny.CANDIDATES[-1], sum_here=sum_here)
