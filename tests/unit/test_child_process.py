@@ -31,10 +31,7 @@ def _has_kernels_distribution() -> bool:
 def test_the_repo_root_on_sys_path_does_not_shadow_the_kernels_distribution() -> None:
     """From the repo root (sys.path[0] is '' for `python -c`), a top-level `import kernels` is
     the distribution transformers 5.25+ imports, and weft.kernels is still the checkout's."""
-    probe = (
-        "import kernels, weft.kernels.decode as d; "
-        "print(kernels.__file__); print(d.__file__)"
-    )
+    probe = "import kernels, weft.kernels.decode as d; print(kernels.__file__); print(d.__file__)"
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
