@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from weft.runtime.cuda_graph import replay_us
+from weft.runtime.executor.cuda_graph import replay_us
 
 DEFAULT_NUMELS = [4096, 8192, 8192 * 8, 8192 * 32, 8192 * 64, 8192 * 128, 8192 * 256, 8192 * 512]
 

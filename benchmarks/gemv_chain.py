@@ -26,7 +26,7 @@ from weft.kernels.activation import silu_and_mul
 from weft.kernels.norm import fused_add_rmsnorm
 from weft.kernels.reference import gemv_ref
 from weft.kernels.skinny import GemvLaunch, gemv
-from weft.runtime.cuda_graph import replay_us
+from weft.runtime.executor.cuda_graph import replay_us
 
 # (name, out features, in features, silu_mul): Llama-3.1-8B's projections
 SHAPES = (

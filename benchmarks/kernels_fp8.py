@@ -103,7 +103,7 @@ def bench_prefix_decode_fp8(ceiling: float) -> None:
     from weft.kernels.decode import decode_attention
     from weft.kernels.shared_prefix import SharedPrefix, shared_prefix_splits
     from weft.kernels.splits import decode_num_kv_splits
-    from weft.runtime.shared_prefix import max_blocks, prefix_splits
+    from weft.runtime.executor.shared_prefix import max_blocks, prefix_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     groups, size, prefix = 64, 16, 2048
@@ -173,7 +173,7 @@ def bench_prefix_kernel_pools(ceiling: float) -> None:
     Whether the fp8 pool's conversion or the dots bound it: over bf16 it reads twice the bytes."""
     from weft.kernels.shared_prefix import SharedPrefix, shared_prefix_splits
     from weft.kernels.splits import decode_num_kv_splits
-    from weft.runtime.shared_prefix import prefix_splits
+    from weft.runtime.executor.shared_prefix import prefix_splits
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     groups, size, prefix, own = 64, 16, 2048, 160

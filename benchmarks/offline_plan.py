@@ -42,7 +42,7 @@ class Plan:
 
     def key(self, kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """Equal for kwargs that make the same engine on this device (ValueError: none can)."""
-        from weft.runtime.attention import resolve_backend_name
+        from weft.runtime.executor.attention import resolve_backend_name
 
         k = dict(kwargs)
         k["attention_backend"] = resolve_backend_name(

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 from bench_utils import copy_bandwidth
 
-from weft.runtime.batch import Batch, ForwardMode
 from weft.runtime.config import EngineConfig
+from weft.runtime.executor.batch import Batch, ForwardMode
+from weft.runtime.executor.model_runner import ModelRunner
 from weft.runtime.loader import read_hf_config
-from weft.runtime.model_runner import ModelRunner
-from weft.runtime.request import Req
 from weft.runtime.sampling_params import SamplingParams
+from weft.runtime.scheduler.request import Req
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -30,13 +30,13 @@ import torch
 from bench_utils import model_folder
 from one_batch import decode_batch
 
-from weft.runtime.batch import Batch, ForwardMode
 from weft.runtime.config import EngineConfig
+from weft.runtime.executor.batch import Batch, ForwardMode
+from weft.runtime.executor.model_runner import ModelRunner
+from weft.runtime.ipc.messages import TokenizedGenerateReq
 from weft.runtime.loader import read_hf_config
-from weft.runtime.messages import TokenizedGenerateReq
-from weft.runtime.model_runner import ModelRunner
 from weft.runtime.sampling_params import SamplingParams
-from weft.runtime.scheduler import Scheduler
+from weft.runtime.scheduler.scheduler import Scheduler
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -36,8 +36,8 @@ from profile_step import timeline_report
 
 from weft.kernels import timeline
 from weft.runtime.config import EngineConfig
+from weft.runtime.executor.model_runner import ModelRunner
 from weft.runtime.loader import read_hf_config
-from weft.runtime.model_runner import ModelRunner
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -168,7 +168,7 @@ def as_backend(backend: Any) -> Backend:
     """A Backend as is; a weft.Engine wrapped in an EngineBackend."""
     if isinstance(backend, Backend):
         return backend
-    from weft.runtime.engine import Engine
+    from weft.runtime.server.engine import Engine
 
     if isinstance(backend, Engine):
         from weft.lang.backends.engine import EngineBackend

@@ -7,8 +7,8 @@ from weft._kernels_path import declare_kernels
 declare_kernels()  # before anything imports weft.kernels (see weft/_kernels_path.py)
 
 from weft.runtime.config import EngineConfig  # noqa: E402
-from weft.runtime.engine import Engine  # noqa: E402
 from weft.runtime.sampling_params import SamplingParams  # noqa: E402
+from weft.runtime.server.engine import Engine  # noqa: E402
 
 from weft.lang import (  # noqa: E402  # isort: skip - the DSL imports the runtime above
     Backend,

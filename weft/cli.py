@@ -10,7 +10,7 @@ import typing
 from typing import Any
 
 from weft.runtime.config import EngineConfig
-from weft.runtime.http.tool_parser import TOOL_CALL_PARSERS
+from weft.runtime.server.http.tool_parser import TOOL_CALL_PARSERS
 
 _HELP = {
     "model": "HF folder or .gguf file; none = the packaged SmolLM2-135M-Instruct",
@@ -75,7 +75,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from weft.runtime.engine import Engine
+    from weft.runtime.server.engine import Engine
 
     params = {
         "max_new_tokens": args.max_new_tokens,
@@ -99,8 +99,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from weft.runtime.http.app import ServerConfig
-    from weft.runtime.http.serve import run_server
+    from weft.runtime.server.http.app import ServerConfig
+    from weft.runtime.server.http.serve import run_server
 
     config = ServerConfig(
         engine=EngineConfig.from_kwargs(**_engine_kwargs(args)),

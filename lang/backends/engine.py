@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from weft.lang.backends.native import NativeBackend, accumulate_meta
-from weft.runtime.engine import Engine
+from weft.runtime.server.engine import Engine
 
 _ENGINE_ARGS = (
     "sampling_params",

@@ -13,13 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from weft.runtime.pdl import pdl_mode_from_env
+from weft.runtime.executor.pdl import pdl_mode_from_env
 
 
 class Projection(nn.Linear):
     """nn.Linear whose batches of the sizes in `gemv_launches` run weft's skinny GEMV (CUDA) with
     that size's launch: a few rows read the weight once near copy speed, where cuBLAS falls
-    short. Before the decode graphs are captured, runtime/skinny.py picks each weight shape's
+    short. Before the decode graphs are captured, runtime/executor/skinny.py picks each weight shape's
     launch and the graph runner keeps the sizes whose step replays faster with it; empty:
     always cuBLAS. `gated`: the model calls it through forward_gated (a gated MLP's down
     projection)."""

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from weft.runtime.attention.base import AttentionBackend
-from weft.runtime.batch import ForwardBatch
+from weft.runtime.executor.attention.base import AttentionBackend
+from weft.runtime.executor.batch import ForwardBatch
 from weft.runtime.models.layers import (
     Projection,
     RMSNorm,

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 import weft
-from weft.runtime import tokenizer_manager
-from weft.runtime.tokenizer_manager import RuntimeDown
+from weft.runtime.server import tokenizer_manager
+from weft.runtime.server.tokenizer_manager import RuntimeDown
 
 WORLD = 905  # " world"
 EOS = 2  # <|im_end|>

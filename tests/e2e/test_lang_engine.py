@@ -10,7 +10,7 @@ import pytest
 
 import weft
 from weft.lang.testing import CHECKS, multi_turn_chat
-from weft.runtime.chat import render_chat
+from weft.runtime.server.chat import render_chat
 
 
 @pytest.fixture(scope="module")

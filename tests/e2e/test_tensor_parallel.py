@@ -15,7 +15,7 @@ import torch
 import transformers
 
 import weft
-from weft.runtime.tokenizer_manager import RuntimeDown
+from weft.runtime.server.tokenizer_manager import RuntimeDown
 
 PROMPTS = [
     "The capital of France is",

@@ -10,9 +10,9 @@ import pytest
 import torch
 import transformers
 
-from weft.runtime.attention import available_backends, create_attention_backend
-from weft.runtime.batch import ForwardBatch, ForwardMode
-from weft.runtime.memory import KVPool, PageAllocator, ReqToTokenPool
+from weft.runtime.executor.attention import available_backends, create_attention_backend
+from weft.runtime.executor.batch import ForwardBatch, ForwardMode
+from weft.runtime.executor.memory import KVPool, PageAllocator, ReqToTokenPool
 from weft.runtime.models import build_model, init_dummy_weights
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -7,10 +7,10 @@ import pytest
 import torch
 import transformers
 
-from weft.runtime.attention import create_attention_backend
-from weft.runtime.batch import ForwardBatch, ForwardMode
-from weft.runtime.cuda_graph import GraphRunner
-from weft.runtime.memory import KVPool, ReqToTokenPool
+from weft.runtime.executor.attention import create_attention_backend
+from weft.runtime.executor.batch import ForwardBatch, ForwardMode
+from weft.runtime.executor.cuda_graph import GraphRunner
+from weft.runtime.executor.memory import KVPool, ReqToTokenPool
 from weft.runtime.models import build_model, init_dummy_weights
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

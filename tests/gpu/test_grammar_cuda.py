@@ -75,8 +75,8 @@ def test_the_fused_apply_is_warmed_up_for_every_variant_a_step_takes() -> None:
     if knobs is None or not hasattr(knobs.runtime, "jit_cache_hook"):
         pytest.skip("this triton has no jit_cache_hook")
 
-    from weft.runtime.grammar_masks import GrammarMasks
-    from weft.runtime.transfer import to_device
+    from weft.runtime.executor.grammar_masks import GrammarMasks
+    from weft.runtime.executor.transfer import to_device
 
     misses: list[str] = []
 

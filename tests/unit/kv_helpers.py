@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from weft.radix import NoCache, PrefixCache, RadixCache
-from weft.runtime.cache_manager import KVCacheManager
-from weft.runtime.memory import PageAllocator, ReqToTokenPool
-from weft.runtime.request import Req
+from weft.runtime.executor.memory import PageAllocator, ReqToTokenPool
 from weft.runtime.sampling_params import SamplingParams
+from weft.runtime.scheduler.cache_manager import KVCacheManager
+from weft.runtime.scheduler.request import Req
 
 PAGE_SIZES = [1, 4]
 BASE = list(range(100, 116))  # prompts of the cache-manager scenarios are prefixes of this

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from kv_helpers import make_cache as shared_make_cache
 from kv_helpers import make_req, release_all
 
-from weft.runtime.batch import Batch
-from weft.runtime.cache_manager import KVCacheManager
-from weft.runtime.prefill import PrefillAdder
-from weft.runtime.request import Req
+from weft.runtime.executor.batch import Batch
+from weft.runtime.scheduler.cache_manager import KVCacheManager
+from weft.runtime.scheduler.prefill import PrefillAdder
+from weft.runtime.scheduler.request import Req
 
 
 def make_cache(

@@ -25,7 +25,7 @@ from kv_helpers import (
     seed_tree,
 )
 
-from weft.runtime.memory import ReqToTokenPool
+from weft.runtime.executor.memory import ReqToTokenPool
 
 TREES = ["radix", "none"]
 

@@ -20,7 +20,7 @@ from kv_helpers import (
     seed_tree,
 )
 
-from weft.runtime.cache_manager import KVCacheManager
+from weft.runtime.scheduler.cache_manager import KVCacheManager
 
 TREES = ["radix", "none"]
 

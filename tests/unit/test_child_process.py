@@ -1,5 +1,5 @@
 """A checkout's kernels/ folder never shadows the `kernels` distribution, and the runtime's child
-processes start as `python -m weft.runtime.child_main`."""
+processes start as `python -m weft.runtime.ipc.child_main`."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from weft.runtime import child
-from weft.runtime.child import ChildProcess
 from weft.runtime.config import EngineConfig
-from weft.runtime.ipc import Endpoints
+from weft.runtime.ipc import child
+from weft.runtime.ipc.channel import Endpoints
+from weft.runtime.ipc.child import ChildProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def test_the_repo_root_on_sys_path_does_not_shadow_the_kernels_distribution() ->
 
 
 def test_children_start_as_child_main(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The scheduler and detokenizer are `python -m weft.runtime.child_main`, their launch
+    """The scheduler and detokenizer are `python -m weft.runtime.ipc.child_main`, their launch
     payload on stdin."""
     started: list[list[str]] = []
 
@@ -54,4 +54,4 @@ def test_children_start_as_child_main(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(child.subprocess, "Popen", FakePopen)
     ends = Endpoints("ipc:///tmp/a", "ipc:///tmp/b", "ipc:///tmp/c", "/tmp/d")
     ChildProcess("detokenizer", EngineConfig(), "model", ends).start()
-    assert started == [[sys.executable, "-m", "weft.runtime.child_main"]]
+    assert started == [[sys.executable, "-m", "weft.runtime.ipc.child_main"]]

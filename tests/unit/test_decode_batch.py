@@ -13,9 +13,9 @@ from sched_helpers import (
     start_running,
 )
 
-from weft.runtime.batch import ForwardMode
-from weft.runtime.decode import build_decode_batch, retract_for_decode
-from weft.runtime.prefill import PrefillAdder, decode_reserve
+from weft.runtime.executor.batch import ForwardMode
+from weft.runtime.scheduler.decode import build_decode_batch, retract_for_decode
+from weft.runtime.scheduler.prefill import PrefillAdder, decode_reserve
 
 ##### retract_for_decode and build_decode_batch #####
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weft.runtime.detokenize import MAX_HELD_TOKENS, IncrementalDecoder
+from weft.runtime.server.detokenize import MAX_HELD_TOKENS, IncrementalDecoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -240,8 +240,8 @@ def test_detokenizer_decodes_a_whole_output_at_once_unless_the_scheduler_decoded
     """A finished output without stop strings takes two decodes (its prefix's, then prefix and
     output at once), not two per token, and gives the text the scheduler's token-by-token
     decode (stop strings) gives."""
-    from weft.runtime.detokenizer import Detokenizer
-    from weft.runtime.messages import BatchTokenOut, FinishReason, TokenOut
+    from weft.runtime.ipc.messages import BatchTokenOut, FinishReason, TokenOut
+    from weft.runtime.server.detokenizer import Detokenizer
 
     ids = encode(smollm(), " | ".join(SAMPLES))
     texts = {}
@@ -266,9 +266,9 @@ def test_detokenizer_decodes_a_whole_output_at_once_unless_the_scheduler_decoded
 
 @pytest.mark.parametrize("stop", [(), ("world",)])
 def test_token_out_says_when_the_scheduler_decodes_token_by_token(stop):
-    from weft.runtime.finish import StopState, token_out
-    from weft.runtime.request import Req
     from weft.runtime.sampling_params import SamplingParams
+    from weft.runtime.scheduler.finish import StopState, token_out
+    from weft.runtime.scheduler.request import Req
 
     params = SamplingParams(max_new_tokens=4, stop=list(stop))
     req = Req(rid="r", input_ids=[1, 2], params=params, max_new_tokens=4)
@@ -283,7 +283,7 @@ def test_token_out_says_when_the_scheduler_decodes_token_by_token(stop):
 def test_one_shot_texts_equal_the_incremental_decoders(name, skip, data):
     """Batched decodes of whole outputs give IncrementalDecoder(prefix).finish(ids)'s text, also
     for a prefix that ends mid-character (dropped) and for invalid bytes."""
-    from weft.runtime.detokenize import one_shot_texts
+    from weft.runtime.server.detokenize import one_shot_texts
 
     tokenizer = TOKENIZERS[name]()
     items = [
@@ -301,8 +301,8 @@ def test_one_shot_texts_equal_the_incremental_decoders(name, skip, data):
 def test_detokenizer_batches_whole_outputs_as_it_decodes_them_one_by_one():
     """A batch mixing whole finished outputs (EOS matched, stop string cut, skip specials or
     not), a streamed one finishing and a token-by-token one: the texts of the general path."""
-    from weft.runtime.detokenizer import Detokenizer
-    from weft.runtime.messages import BatchTokenOut, FinishReason, TokenOut
+    from weft.runtime.ipc.messages import BatchTokenOut, FinishReason, TokenOut
+    from weft.runtime.server.detokenizer import Detokenizer
 
     tok = smollm()
     ids = encode(tok, " | ".join(SAMPLES))

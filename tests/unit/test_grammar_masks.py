@@ -1,4 +1,4 @@
-"""GrammarMasks (runtime/grammar_masks.py): the rows copied per step, and the CPU apply by slot."""
+"""GrammarMasks (runtime/executor/grammar_masks.py): the rows copied per step, and the CPU apply by slot."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from weft.constrain import apply_bitmask
-from weft.runtime.grammar_masks import GrammarMasks, copy_runs
+from weft.runtime.executor.grammar_masks import GrammarMasks, copy_runs
 
 
 @pytest.mark.parametrize(

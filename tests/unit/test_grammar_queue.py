@@ -10,9 +10,9 @@ import pytest
 
 from weft.constrain import GrammarError, GrammarSpec
 from weft.runtime.config import EngineConfig
-from weft.runtime.grammar import GrammarQueue
-from weft.runtime.request import Req
 from weft.runtime.sampling_params import SamplingParams
+from weft.runtime.scheduler.grammar import GrammarQueue
+from weft.runtime.scheduler.request import Req
 
 
 def req(rid: str) -> Req:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from weft.runtime.graph_blas import blas_library, choose, mode_from_env
+from weft.runtime.executor.graph_blas import blas_library, choose, mode_from_env
 
 
 def test_choose_takes_cublaslt_only_where_it_saves_enough() -> None:
@@ -49,7 +49,7 @@ def test_the_timer_runs_every_projection_at_each_batch(monkeypatch: pytest.Monke
 
     from torch import nn
 
-    from weft.runtime import graph_blas
+    from weft.runtime.executor import graph_blas
 
     class Event:
         clock = 0.0

@@ -285,11 +285,11 @@ def test_triton_backend_reads_planned_prefixes_eagerly_and_from_graph_buffers() 
     the static buffers a CUDA graph reads (prepare_graph, then prepare_replay per step, here
     without a graph), equals the torch backend; a step without a plan, prepared as the plain
     graph variant, too."""
-    from weft.runtime.attention.torch_backend import TorchAttentionBackend
-    from weft.runtime.attention.triton_backend import TritonAttentionBackend
-    from weft.runtime.batch import ForwardBatch, ForwardMode
-    from weft.runtime.memory import KVPool
-    from weft.runtime.shared_prefix import MEMBERS_PER_BLOCK, SharedPrefixPlan
+    from weft.runtime.executor.attention.torch_backend import TorchAttentionBackend
+    from weft.runtime.executor.attention.triton_backend import TritonAttentionBackend
+    from weft.runtime.executor.batch import ForwardBatch, ForwardMode
+    from weft.runtime.executor.memory import KVPool
+    from weft.runtime.executor.shared_prefix import MEMBERS_PER_BLOCK, SharedPrefixPlan
 
     heads, hkv, dim, prefix, pad = 4, 2, 16, 40, 8
     pool = KVPool(600, 1, hkv, dim, torch.float32, "cpu")
@@ -368,12 +368,12 @@ def test_scheduler_on_the_triton_backend_reads_shared_prefixes(
     import transformers
     from support import save_word_tokenizer
 
-    import weft.runtime.attention as attention
+    import weft.runtime.executor.attention as attention
     from weft.runtime.config import EngineConfig
-    from weft.runtime.distributed import Inbox
-    from weft.runtime.messages import TokenizedGenerateReq
+    from weft.runtime.executor.distributed import Inbox
+    from weft.runtime.ipc.messages import TokenizedGenerateReq
     from weft.runtime.sampling_params import SamplingParams
-    from weft.runtime.scheduler import Scheduler
+    from weft.runtime.scheduler.scheduler import Scheduler
 
     monkeypatch.setattr(attention, "_CUDA_ONLY", {"flashinfer"})  # triton runs interpreted here
     config = transformers.LlamaConfig(

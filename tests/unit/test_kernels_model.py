@@ -21,7 +21,7 @@ sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # test_kernels, supp
 import torch, transformers
 from test_kernels import _patch_old_interpreter
 from tp_worker import prefill_logits
-from weft.runtime.attention import triton_backend
+from weft.runtime.executor.attention import triton_backend
 from weft.kernels import skinny
 from weft.runtime.models import build_model, init_dummy_weights
 from weft.runtime.models.layers import Projection, RMSNorm
@@ -33,8 +33,8 @@ torch.set_num_threads(1)
 def decode_last_logits(model, config, ids):
     # ids[:-1] prefilled, then ids[-1] decoded, both on the triton backend: the decode step's
     # logits [1, vocab], and how many decode launches rotated q and k themselves (rope)
-    from weft.runtime.batch import ForwardBatch, ForwardMode
-    from weft.runtime.memory import KVPool, ReqToTokenPool
+    from weft.runtime.executor.batch import ForwardBatch, ForwardMode
+    from weft.runtime.executor.memory import KVPool, ReqToTokenPool
     n, attn_layer = len(ids), model.layers[0].self_attn
     pool = KVPool(n + 1, config.num_hidden_layers, attn_layer.num_kv_heads, attn_layer.head_dim,
                   torch.float32, "cpu")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from kv_helpers import PAGE_SIZES
 
-from weft.runtime.memory import KVPool, PageAllocator, ReqToTokenPool
+from weft.runtime.executor.memory import KVPool, PageAllocator, ReqToTokenPool
 
 ##### PageAllocator #####
 

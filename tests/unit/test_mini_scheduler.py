@@ -9,11 +9,11 @@ from collections.abc import Sequence
 import pytest
 from kv_helpers import PAGE_SIZES, make_cache, make_req
 
-from weft.runtime.batch import Batch, ForwardMode
-from weft.runtime.cache_manager import KVCacheManager
-from weft.runtime.decode import build_decode_batch, retract_for_decode
-from weft.runtime.prefill import PrefillAdder, decode_reserve, order_waiting
-from weft.runtime.request import Req
+from weft.runtime.executor.batch import Batch, ForwardMode
+from weft.runtime.scheduler.cache_manager import KVCacheManager
+from weft.runtime.scheduler.decode import build_decode_batch, retract_for_decode
+from weft.runtime.scheduler.prefill import PrefillAdder, decode_reserve, order_waiting
+from weft.runtime.scheduler.request import Req
 
 ##### MiniScheduler: the scheduler's step, replayed #####
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from test_overlap_schedule import SCHEMA, greedy, run
 
-from weft.runtime.batch import ForwardMode
+from weft.runtime.executor.batch import ForwardMode
 from weft.runtime.sampling_params import SamplingParams
 
 HERE = Path(__file__).resolve().parent
@@ -60,9 +60,9 @@ def test_mixed_steps_give_the_unmixed_outputs(
 CHILD = r"""
 import json, os, sys
 import torch
-from weft.runtime.attention import _REGISTRY
-from weft.runtime.batch import ForwardBatch, ForwardMode
-from weft.runtime.memory import KVPool, PageAllocator, ReqToTokenPool
+from weft.runtime.executor.attention import _REGISTRY
+from weft.runtime.executor.batch import ForwardBatch, ForwardMode
+from weft.runtime.executor.memory import KVPool, PageAllocator, ReqToTokenPool
 sys.path[:0] = [sys.argv[1], os.path.dirname(sys.argv[1])]  # test_kernels, support
 from test_kernels import _patch_old_interpreter
 _patch_old_interpreter()
@@ -130,8 +130,8 @@ def test_triton_backend_takes_the_work_list_by_default_on_an_fp8_pool(
     pytest.importorskip("triton")
     import torch
 
-    from weft.runtime.attention.triton_backend import TritonAttentionBackend
-    from weft.runtime.memory import FP8_KV, KVPool
+    from weft.runtime.executor.attention.triton_backend import TritonAttentionBackend
+    from weft.runtime.executor.memory import FP8_KV, KVPool
 
     def uses_work(dtype: torch.dtype) -> bool:
         pool = KVPool(32, 1, 2, 16, dtype, "cpu")

@@ -8,9 +8,9 @@ import pytest
 import torch
 import transformers
 
-from weft.runtime.attention import create_attention_backend
-from weft.runtime.batch import ForwardBatch, ForwardMode
-from weft.runtime.memory import KVPool, PageAllocator, ReqToTokenPool
+from weft.runtime.executor.attention import create_attention_backend
+from weft.runtime.executor.batch import ForwardBatch, ForwardMode
+from weft.runtime.executor.memory import KVPool, PageAllocator, ReqToTokenPool
 from weft.runtime.models import build_model, init_dummy_weights, model_class
 from weft.runtime.models.layers import rope_inv_freq
 

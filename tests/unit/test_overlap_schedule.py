@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import transformers
 
-from weft.runtime.batch import ForwardMode
 from weft.runtime.config import EngineConfig
-from weft.runtime.distributed import Inbox
-from weft.runtime.messages import AbortReq, TokenizedGenerateReq
+from weft.runtime.executor.batch import ForwardMode
+from weft.runtime.executor.distributed import Inbox
+from weft.runtime.ipc.messages import AbortReq, TokenizedGenerateReq
 from weft.runtime.sampling_params import SamplingParams
-from weft.runtime.scheduler import Scheduler
+from weft.runtime.scheduler.scheduler import Scheduler
 
 Outputs = dict[str, tuple[list[int], str]]
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from weft.runtime.batch import ForwardMode
 from weft.runtime.config import EngineConfig
-from weft.runtime.messages import TokenizedGenerateReq
+from weft.runtime.executor.batch import ForwardMode
+from weft.runtime.ipc.messages import TokenizedGenerateReq
 from weft.runtime.sampling_params import SamplingParams
-from weft.runtime.scheduler import Scheduler
+from weft.runtime.scheduler.scheduler import Scheduler
 
 PREFIX = [(13 * i) % 3000 + 100 for i in range(160)]
 GROUPS = 3

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weft.runtime import sampler as sampler_module
-from weft.runtime.sampler import Sampler, SamplingInputs, make_generator
+from weft.runtime.executor import sampler as sampler_module
+from weft.runtime.executor.sampler import Sampler, SamplingInputs, make_generator
 from weft.runtime.sampling_params import SamplingParams
 
 

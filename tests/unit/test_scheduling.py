@@ -18,8 +18,13 @@ from sched_helpers import (
     state,
 )
 
-from weft.runtime.batch import ForwardMode
-from weft.runtime.prefill import DECODE_RESERVE_CLIP, LPM_MAX_WAITING, decode_reserve, order_waiting
+from weft.runtime.executor.batch import ForwardMode
+from weft.runtime.scheduler.prefill import (
+    DECODE_RESERVE_CLIP,
+    LPM_MAX_WAITING,
+    decode_reserve,
+    order_waiting,
+)
 
 ##### order_waiting #####
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from kv_helpers import make_cache, make_req
 
-from weft.runtime.cache_manager import KVCacheManager
-from weft.runtime.request import Req
-from weft.runtime.shared_prefix import SharedPrefixPlan, max_blocks, plan_shared_prefixes
+from weft.runtime.executor.shared_prefix import SharedPrefixPlan, max_blocks, plan_shared_prefixes
+from weft.runtime.scheduler.cache_manager import KVCacheManager
+from weft.runtime.scheduler.request import Req
 
 
 def prefilled(cache: KVCacheManager, rid: str, prompt: list[int]) -> Req:
@@ -125,7 +125,7 @@ def test_block_limit_keeps_the_groups_that_save_the_most_reads() -> None:
 def test_prefix_splits_aim_at_enough_programs() -> None:
     """Splits per prefix: about PREFIX_PROGRAMS programs over all blocks and kv heads, at most
     PREFIX_SPLITS, at least 256 tokens each, never 0."""
-    from weft.runtime.shared_prefix import PREFIX_PROGRAMS, PREFIX_SPLITS, prefix_splits
+    from weft.runtime.executor.shared_prefix import PREFIX_PROGRAMS, PREFIX_SPLITS, prefix_splits
 
     assert PREFIX_PROGRAMS == 512 and PREFIX_SPLITS == 4
     assert prefix_splits(2048, 64, 8) == 1  # 64 groups: 512 programs in one split
@@ -141,7 +141,7 @@ def test_plan_cache_reuses_a_plan_only_while_it_would_come_out_the_same() -> Non
     """A steady decode batch gets the cached plan; a node split on the requests' paths (another
     prompt's insert) leaves it right; another order, another member, a released request or a
     moved locked node make a new one. Each answer equals a fresh plan."""
-    from weft.runtime.shared_prefix import PlanCache
+    from weft.runtime.executor.shared_prefix import PlanCache
 
     cache = make_cache(1, num_pages=600, max_reqs=16, max_context=64)
     doc = list(range(100, 130))

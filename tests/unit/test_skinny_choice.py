@@ -1,4 +1,4 @@
-"""runtime/skinny.py: the projections grouped by shape, WEFT_GEMV and WEFT_PDL checked, nothing
+"""runtime/executor/skinny.py: the projections grouped by shape, WEFT_GEMV and WEFT_PDL checked, nothing
 chosen off CUDA, a size's launches dropped and restored."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from weft.runtime import skinny
+from weft.runtime.executor import skinny
 from weft.runtime.models import build_model
 
 
@@ -68,7 +68,7 @@ def test_a_size_is_dropped_and_restored() -> None:
 
 
 def test_weft_pdl_must_be_a_known_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    from weft.runtime.pdl import pdl_mode_from_env
+    from weft.runtime.executor.pdl import pdl_mode_from_env
 
     monkeypatch.delenv("WEFT_PDL", raising=False)
     assert pdl_mode_from_env() == "on"  # the default
@@ -81,7 +81,7 @@ def test_weft_pdl_must_be_a_known_mode(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_weft_split_sum_must_be_here_or_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from weft.runtime.pdl import sum_here_from_env
+    from weft.runtime.executor.pdl import sum_here_from_env
 
     monkeypatch.delenv("WEFT_SPLIT_SUM", raising=False)
     assert sum_here_from_env()  # the default
@@ -99,7 +99,7 @@ def test_the_graph_runner_keeps_the_faster_step(
     """GraphRunner._keep_faster's bookkeeping (capture and replay stubbed: they need CUDA): the
     size's graphs with the GEMV come back when they replay faster; otherwise the cuBLAS graphs
     stay and the size leaves every projection's launches and the runner's record."""
-    from weft.runtime.cuda_graph import GraphRunner
+    from weft.runtime.executor.cuda_graph import GraphRunner
 
     model = tiny_llama()
     mods = [m for group in skinny.by_shape(model).values() for m in group]
@@ -135,7 +135,7 @@ def test_no_launch_that_fits_leaves_the_shape_on_cublas(
     model = tiny_llama()
     monkeypatch.setattr(skinny._GraphTimer, "fits", lambda self, launch: False)
     mods = skinny.by_shape(model)[(32, 32, False)]
-    with caplog.at_level("WARNING", logger="weft.runtime.skinny"):
+    with caplog.at_level("WARNING", logger="weft.runtime.executor.skinny"):
         assert skinny._pick(mods, [1, 2, 4, 32], True) == {}
     assert "no skinny GEMV launch fits the [32, 32] projections" in caplog.text
 

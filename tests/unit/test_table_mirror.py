@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-import weft.runtime.model_runner as model_runner
+import weft.runtime.executor.model_runner as model_runner
 from weft.runtime.config import EngineConfig
-from weft.runtime.memory import ReqToTokenPool
-from weft.runtime.messages import TokenizedGenerateReq
+from weft.runtime.executor.memory import ReqToTokenPool
+from weft.runtime.ipc.messages import TokenizedGenerateReq
 from weft.runtime.sampling_params import SamplingParams
-from weft.runtime.scheduler import Scheduler
+from weft.runtime.scheduler.scheduler import Scheduler
 
 
 class MirroredPool(ReqToTokenPool):

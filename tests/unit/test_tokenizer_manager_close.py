@@ -7,7 +7,7 @@ import gc
 from pathlib import Path
 from typing import Any
 
-from weft.runtime.tokenizer_manager import TokenizerManager
+from weft.runtime.server.tokenizer_manager import TokenizerManager
 
 
 def test_abort_after_close_sends_nothing_and_leaves_no_failed_future(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from weft.runtime.http.app import BadRequest
-from weft.runtime.http.tool_calls import (
+from weft.runtime.server.http.app import BadRequest
+from weft.runtime.server.http.tool_calls import (
     finish_reason,
     markers_are_special,
     plan_tools,

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from weft import cli
-from weft.runtime.http.app import AppState, ServerConfig
-from weft.runtime.http.openai_api import _tool_format
-from weft.runtime.http.tool_calls import plan_tools, resolve_tool_format
-from weft.runtime.http.tool_parser import TOOL_CALL_PARSERS
+from weft.runtime.server.http.app import AppState, ServerConfig
+from weft.runtime.server.http.openai_api import _tool_format
+from weft.runtime.server.http.tool_calls import plan_tools, resolve_tool_format
+from weft.runtime.server.http.tool_parser import TOOL_CALL_PARSERS
 
 HERMES_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}{{ '<tool_call>' }}"
 STRICT = [

@@ -1,5 +1,5 @@
 """Tool calls parsed out of outputs: constrained JSON shapes, Hermes / Qwen, Mistral and Llama
-formats, whole outputs and streams alike (runtime/http/tool_parser.py)."""
+formats, whole outputs and streams alike (runtime/server/http/tool_parser.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weft.runtime.http.tool_calls import split_output, stream_deltas
-from weft.runtime.http.tool_parser import Mode, ToolCall, ToolCallParser
+from weft.runtime.server.http.tool_calls import split_output, stream_deltas
+from weft.runtime.server.http.tool_parser import Mode, ToolCall, ToolCallParser
 
 NAMES = frozenset({"weather", "time"})
 

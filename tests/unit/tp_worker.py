@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 import transformers
 
-from weft.runtime.attention import create_attention_backend
-from weft.runtime.batch import ForwardBatch, ForwardMode
-from weft.runtime.distributed import TPGroup
-from weft.runtime.memory import KVPool, ReqToTokenPool
+from weft.runtime.executor.attention import create_attention_backend
+from weft.runtime.executor.batch import ForwardBatch, ForwardMode
+from weft.runtime.executor.distributed import TPGroup
+from weft.runtime.executor.memory import KVPool, ReqToTokenPool
 from weft.runtime.models import TPInfo, build_model, init_dummy_weights
 
 
@@ -35,7 +35,7 @@ def prefill_logits(
     table = ReqToTokenPool(1, 64, "cpu")
     table.table[0, :n] = torch.arange(1, n + 1)
     if backend == "triton":  # CUDA-only by name; its kernels run on CPU under TRITON_INTERPRET=1
-        from weft.runtime.attention.triton_backend import TritonAttentionBackend
+        from weft.runtime.executor.attention.triton_backend import TritonAttentionBackend
 
         attn: Any = TritonAttentionBackend(pool, table.table)
     else:

@@ -1,0 +1,74 @@
+"""Batches: the scheduler's CPU `Batch` of requests and the model's device-side `ForwardBatch`.
+
+Data flow of one step:
+
+    Scheduler --(Batch: requests + mode, CPU lists)--> ModelRunner.forward
+        ModelRunner builds a ForwardBatch (device tensors: token ids, positions, KV slots, lengths)
+        AttentionBackend.prepare(ForwardBatch) derives its own metadata (gather indices, masks, plans)
+        model(ForwardBatch) -> hidden states -> logits at the rows that need them -> Sampler
+    ModelRunner --(StepResult: next token ids, logprobs, CPU)--> Scheduler.process_results
+
+A request's KV slots live in its row of the request-to-token table; `out_cache_loc` says where the
+new tokens of this step write their K and V.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from weft.runtime.executor.shared_prefix import SharedPrefixPlan
+    from weft.runtime.scheduler.request import Req
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = enum.auto()  # prefill: each request runs >= 1 new tokens after its cached prefix
+    DECODE = enum.auto()  # each request runs exactly its last sampled token
+    IDLE = enum.auto()  # nothing to run (a rank with an empty batch)
+
+
+@dataclass
+class Batch:
+    """What the scheduler decided to run this step (CPU side)."""
+
+    mode: ForwardMode
+    reqs: list[Req]
+    # per request: how many new tokens run this step (EXTEND: a chunk of fill_ids; DECODE: 1)
+    extend_lens: list[int] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return len(self.reqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.extend_lens)
+
+
+@dataclass
+class ForwardBatch:
+    """Device tensors for one forward pass. T = tokens this step, B = requests."""
+
+    mode: ForwardMode
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    out_cache_loc: torch.Tensor  # [T] int64, KV slot each new token writes
+    req_rows: torch.Tensor  # [B] int64, rows of the request-to-token table
+    seq_lens: torch.Tensor  # [B] int64, KV length after this step
+    extend_lens: torch.Tensor  # [B] int64, new tokens per request (1 for DECODE)
+    seq_lens_cpu: list[int]
+    extend_lens_cpu: list[int]
+    # DECODE with a backend that reads shared prefixes once per group: which requests share what
+    shared: SharedPrefixPlan | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def prefix_lens_cpu(self) -> list[int]:
+        return [s - e for s, e in zip(self.seq_lens_cpu, self.extend_lens_cpu, strict=True)]

@@ -1,0 +1,188 @@
+"""CUDA graphs for decode: capture the model's decode step at fixed batch sizes over static input
+buffers, pad each real batch to the next captured size, and replay."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import statistics
+from typing import Any
+
+import torch
+
+from weft.runtime.executor import skinny
+from weft.runtime.executor.attention.base import AttentionBackend
+from weft.runtime.executor.batch import ForwardBatch, ForwardMode
+from weft.runtime.executor.graph_blas import blas_library, choose, mode_from_env, projection_timer
+from weft.runtime.executor.pdl import sum_here_from_env
+
+logger = logging.getLogger(__name__)
+
+
+def capture_sizes(max_batch: int) -> list[int]:
+    sizes = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256]
+    sizes += list(range(288, max_batch + 1, 32))
+    return [s for s in sizes if s <= max_batch] or [1]
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, reps: int) -> float:
+    """Median microseconds of `reps` replays of `graph` (after one more to warm up), each timed
+    with CUDA events."""
+    graph.replay()
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+class GraphRunner:
+    """Replays the decode forward (embedding -> final norm) for batches of one token per request.
+
+    Padded rows read row `pad_row` of the request table with seq_len 0 (attention skips them) and
+    write their K/V to the reserved slot 0, so they touch no request's KV.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        attn: AttentionBackend,
+        max_batch: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        pad_row: int,
+    ) -> None:
+        self.model = model
+        self.attn = attn
+        self.sizes = capture_sizes(max_batch)
+        n = self.sizes[-1]
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=device)
+        self.req_rows = torch.full((n,), pad_row, dtype=torch.int64, device=device)
+        self.seq_lens = torch.zeros(n, dtype=torch.int64, device=device)
+        self.extend_lens = torch.ones(n, dtype=torch.int64, device=device)
+        self.hidden = torch.zeros(n, hidden_size, dtype=dtype, device=device)
+        self.pad_row = pad_row
+        self._staged: tuple[ForwardBatch, int, bool] | None = None  # (batch, padded size, shared)
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # (size, shared variant)
+        self.pool: Any = None
+        self.blas_mode = mode_from_env()
+        self.blas: dict[int, str] = {}  # the cuBLAS path each size's graph was captured with
+        self.gemv_mode = skinny.mode_from_env()
+        self.sum_here = sum_here_from_env()  # split-K GEMVs sum their slices themselves
+        self.fold_norms = skinny.fold_from_env()  # the norms folded into the GEMVs where they run
+        # per projection shape, the sizes whose graphs run the skinny GEMV, and its launch
+        self.gemv: dict[skinny.Shape, dict[int, Any]] = {}
+
+    def static_batch(self, bs: int) -> ForwardBatch:
+        return ForwardBatch(
+            mode=ForwardMode.DECODE,
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            out_cache_loc=self.out_cache_loc[:bs],
+            req_rows=self.req_rows[:bs],
+            seq_lens=self.seq_lens[:bs],
+            extend_lens=self.extend_lens[:bs],
+            seq_lens_cpu=[0] * bs,
+            extend_lens_cpu=[1] * bs,
+        )
+
+    @torch.no_grad()
+    def capture(self) -> None:
+        if self.blas_mode == "auto":
+            self.blas = choose(self.sizes, projection_timer(self.model, self.sizes[-1]))
+        else:
+            self.blas = dict.fromkeys(self.sizes, self.blas_mode)
+        self.gemv = skinny.choose(self.model, self.sizes, self.gemv_mode, self.sum_here)
+        self.model.fold_norms = self.fold_norms
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for bs in reversed(self.sizes):  # largest first: later graphs reuse its memory
+                self._capture_size(bs, stream)
+            if self.gemv_mode == "auto":
+                for bs in sorted({n for sizes in self.gemv.values() for n in sizes}):
+                    self._keep_faster(bs, stream)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        logger.info("captured CUDA graphs for decode batch sizes %s (cuBLASLt at %s; the skinny "
+                    "GEMV at %s)", self.sizes, [bs for bs, lib in self.blas.items()
+                                                if lib == "cublaslt"], self.gemv)  # fmt: skip
+
+    def _capture_size(self, bs: int, stream: torch.cuda.Stream) -> None:
+        for shared in reversed(self.attn.graph_variants()):
+            with blas_library(self.blas[bs]):
+                self._capture(bs, shared, stream)
+
+    def _keep_faster(self, bs: int, stream: torch.cuda.Stream) -> None:
+        """Capture size bs again with cuBLAS in place of the skinny GEMV and keep whichever
+        step replays faster: the whole step decides (the GEMV folds SiLU-and-mul into the down
+        projection and may launch early, which no per-projection timing sees)."""
+        with_gemv = {key: g for key, g in self.graphs.items() if key[0] == bs}
+        gemv_us = self._replay_us(bs)
+        dropped = skinny.drop_size(self.model, bs)
+        self._capture_size(bs, stream)
+        if gemv_us < self._replay_us(bs):
+            self.graphs.update(with_gemv)
+            skinny.restore_size(dropped, bs)
+        else:
+            for sizes in self.gemv.values():
+                sizes.pop(bs, None)
+
+    def _replay_us(self, bs: int) -> float:
+        """Size bs's graph replayed as captured: padded rows, whose attention reads nothing and
+        whose K/V go to the reserved slot."""
+        return replay_us(self.graphs[bs, False], reps=7)
+
+    def _capture(self, bs: int, shared: bool, stream: torch.cuda.Stream) -> None:
+        fb = self.static_batch(bs)
+        self.attn.prepare_graph(fb, shared)
+        for _ in range(2):  # compile kernels, settle allocations
+            self.hidden[:bs] = self.model(fb, self.attn)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            self.hidden[:bs] = self.model(fb, self.attn)
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.graphs[bs, shared] = graph
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        return fb.mode == ForwardMode.DECODE and fb.batch_size <= self.sizes[-1]
+
+    def stage(self, fb: ForwardBatch) -> None:
+        """Queue the copies of fb's inputs into the static buffers, all but its token ids (which
+        may still be sampled on the device: `replay` copies them)."""
+        b = fb.batch_size
+        bs = self.sizes[bisect.bisect_left(self.sizes, b)]
+        self.positions[:b].copy_(fb.positions)
+        self.out_cache_loc[:b].copy_(fb.out_cache_loc)
+        self.req_rows[:b].copy_(fb.req_rows)
+        self.seq_lens[:b].copy_(fb.seq_lens)
+        if bs > b:
+            self.input_ids[b:bs].zero_()
+            self.positions[b:bs].zero_()
+            self.out_cache_loc[b:bs].zero_()
+            self.req_rows[b:bs].fill_(self.pad_row)
+            self.seq_lens[b:bs].zero_()
+        shared = fb.shared is not None and self.attn.shared_prefix
+        self.attn.prepare_replay(fb, bs, shared)
+        self._staged = (fb, bs, shared)
+
+    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+        """Hidden states [B, hidden] of a real decode batch of size B (staged first unless
+        `stage(fb)` was the last call)."""
+        if self._staged is None or self._staged[0] is not fb:
+            self.stage(fb)
+        assert self._staged is not None
+        _, bs, shared = self._staged
+        self._staged = None
+        self.input_ids[: fb.batch_size].copy_(fb.input_ids)
+        self.graphs[bs, shared].replay()
+        return self.hidden[: fb.batch_size]

@@ -1,0 +1,160 @@
+"""KVCacheManager: a request's KV slots — prefix match, allocation with eviction, caching, release."""
+
+from __future__ import annotations
+
+import torch
+
+from weft.radix import NoCache, PrefixCache
+from weft.runtime.executor.memory import PageAllocator, ReqToTokenPool
+from weft.runtime.scheduler.request import Req
+
+
+class KVCacheManager:
+    """Joins the page allocator, the prefix cache and the request-to-token table.
+
+    Layout of a request's table row (P = page_size):
+
+        | prefix_len (tree, locked) | own slots ... | partial last page |
+        0                           prefix_len      kv_len//P*P          kv_len
+
+    Own slots become the tree's when `cache_req` inserts them; duplicates (tokens another request
+    put in the tree first) are freed and the row re-pointed at the tree's copy.
+    """
+
+    def __init__(self, allocator: PageAllocator, tree: PrefixCache, table: ReqToTokenPool) -> None:
+        self.allocator = allocator
+        self.tree = tree
+        self.table = table
+        self.page_size = allocator.page_size
+
+    @property
+    def available_tokens(self) -> int:
+        """Slots obtainable now: free plus evictable."""
+        return self.allocator.free_slots + self.tree.evictable_size()
+
+    def match_len(self, req: Req) -> int:
+        """Cached prefix length the request would get (no side effects beyond LRU touch)."""
+        return len(self.tree.match_prefix(req.tokens(0, self._match_cap(req))).indices)
+
+    def admit(self, req: Req) -> bool:
+        """Give the request a table row and its cached prefix (locked). False if no row is free."""
+        row = self.table.alloc()
+        if row is None:
+            return False
+        match = self.tree.match_prefix(req.tokens(0, self._match_cap(req)))
+        n = len(match.indices)
+        self.table.write(row, 0, match.indices)
+        self.tree.inc_lock_ref(match.last_node)
+        req.row, req.kv_len, req.prefix_len, req.last_node = row, n, n, match.last_node
+        return True
+
+    def pages_needed(self, req: Req, n: int) -> int:
+        """New pages for n more tokens after kv_len (the partial last page is filled first)."""
+        room = (-req.kv_len) % self.page_size
+        return -(-max(n - room, 0) // self.page_size)
+
+    def alloc(self, req: Req, n: int) -> bool:
+        """KV slots for positions [kv_len, kv_len + n), evicting cached prefixes if needed."""
+        got = self._take_pages(self.pages_needed(req, n))
+        if got is None:
+            return False
+        assert req.row is not None
+        room = min((-req.kv_len) % self.page_size, n)
+        if room:  # the rest of the partly filled last page
+            last = int(self.table.cpu[req.row, req.kv_len - 1])
+            self.table.write(req.row, req.kv_len, torch.arange(last + 1, last + 1 + room))
+        if got:
+            fresh = self.allocator.page_slots(got)[: n - room]
+            self.table.write(req.row, req.kv_len + room, fresh)
+        return True
+
+    def alloc_decode(self, reqs: list[Req]) -> bool:
+        """`alloc(req, 1)` for every request, batched (a decode step's hot path): the slot after
+        each request's last one, or a fresh page for those whose last page is full."""
+        p = self.page_size
+        fresh = [i for i, r in enumerate(reqs) if r.kv_len % p == 0]
+        pages = self._take_pages(len(fresh))
+        if pages is None:
+            return False
+        rows = [r.row for r in reqs]
+        cols = [r.kv_len for r in reqs]
+        assert None not in rows, "decode of a request without a table row"
+        rows_t = torch.tensor(rows, dtype=torch.int64)
+        cols_t = torch.tensor(cols, dtype=torch.int64)
+        slots = self.table.cpu[rows_t, (cols_t - 1).clamp_(min=0)] + 1  # the next slot, same page
+        if fresh:
+            slots[torch.tensor(fresh)] = torch.tensor(pages, dtype=torch.int64) * p
+        self.table.write_cells(rows_t, cols_t, slots)
+        return True
+
+    def _take_pages(self, n: int) -> list[int] | None:
+        """n free pages, evicting cached prefixes if needed; None (the cache kept) if even
+        evicting everything evictable would not make room."""
+        short = n * self.page_size - self.allocator.free_slots
+        if short > self.tree.evictable_size():
+            return None
+        if short > 0:
+            self.tree.evict(short)
+        return self.allocator.alloc_pages(n)
+
+    def cache_req(self, req: Req, release: bool) -> None:
+        """Put the request's computed KV into the tree; with `release`, give up all its slots."""
+        assert req.row is not None
+        row = self.table.cpu[req.row]
+        kv_len = req.kv_len
+        aligned = kv_len - kv_len % self.page_size
+        key = req.tokens(0, kv_len)
+        values = row[:kv_len].clone()
+        if isinstance(self.tree, NoCache):
+            if release:
+                self.allocator.free(values[req.prefix_len :])
+                self._drop(req)
+            return
+        existing = self.tree.insert(key[:aligned], values[:aligned])
+        if existing > req.prefix_len:
+            self.allocator.free(values[req.prefix_len : existing])
+        if release:
+            if aligned < kv_len:
+                self.allocator.free(values[aligned:kv_len])
+            self._drop(req)
+            return
+        match = self.tree.match_prefix(key[:aligned])
+        n = len(match.indices)
+        self.table.write(req.row, 0, match.indices)
+        self.tree.inc_lock_ref(match.last_node)
+        self.tree.dec_lock_ref(req.last_node)
+        req.last_node, req.prefix_len = match.last_node, n
+
+    def _drop(self, req: Req) -> None:
+        self.tree.dec_lock_ref(req.last_node)
+        assert req.row is not None
+        if req.grammar is not None:  # NOTE: before the slot (and its bitmask row) is handed on
+            req.grammar.release()
+        self.table.free(req.row)
+        req.row, req.kv_len, req.prefix_len, req.last_node = None, 0, 0, None
+
+    def _match_cap(self, req: Req) -> int:
+        # the last token is always recomputed (its logits are needed); input logprobs from k need
+        # the logits at k - 1, so the prefix may not reach past it
+        cap = req.seq_len - 1
+        if req.owes_input_logprobs:
+            cap = min(cap, max(req.input_logprob_next - 1, 0))
+        return cap
+
+    def check_conservation(self) -> None:
+        """When idle: free + evictable + protected == total slots, and no table row is held."""
+        free = self.allocator.free_slots
+        evictable = self.tree.evictable_size()
+        protected = self.tree.protected_size()
+        total = self.allocator.total_slots
+        if free + evictable + protected != total or protected != 0:
+            raise RuntimeError(
+                f"KV pool leak: free {free} + evictable {evictable} + protected {protected} "
+                f"!= total {total} slots (protected must be 0 when idle)"
+            )
+        if self.table.available != self.table.max_reqs:
+            raise RuntimeError(
+                f"request-slot leak: {self.table.max_reqs - self.table.available} of "
+                f"{self.table.max_reqs} rows held while idle"
+            )
+        self.tree.check_integrity()

@@ -1,0 +1,208 @@
+"""Tool calls: what tool_choice asks of a chat request (plan, call format, constraint) and the
+message pieces of the calls parsed out of its output (`tool_parser`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from weft.constrain import GrammarError, GrammarSpec
+from weft.runtime.server.http.app import BadRequest
+from weft.runtime.server.http.tool_parser import (
+    HERMES_CLOSE,
+    HERMES_OPEN,
+    MISTRAL,
+    PYTHON_TAG,
+    TOOL_CALL_PARSERS,
+    Mode,
+    ToolCall,
+    ToolCallParser,
+    ToolFormat,
+)
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What tools + tool_choice + parallel_tool_calls ask of one chat request."""
+
+    mode: Mode
+    tools: list[dict[str, Any]] | None  # for the chat template (None: hidden, as for "none")
+    json_schema: str | None  # the constraint that "required" / a named function implies
+    parallel: bool = True  # False: at most one call
+    named: str | None = None  # the function of a named tool_choice
+    strict: bool = False  # a constrained function says strict: refuse unenforceable keywords
+    structural_tag: str | None = None  # auto with strict functions: calls constrained in text
+
+    def constraint(self) -> dict[str, Any]:
+        """The sampling parameters of the plan's constraint ({} when nothing is constrained)."""
+        out: dict[str, Any] = {}
+        if self.json_schema is not None:
+            out["json_schema"] = self.json_schema
+        if self.structural_tag is not None:
+            out["structural_tag"] = self.structural_tag
+        if out and self.strict:
+            out["strict_json_schema"] = True
+        return out
+
+    def parser(self) -> ToolCallParser | None:
+        if self.mode == "none":
+            return None
+        names = frozenset(str(t["function"]["name"]) for t in self.tools or ())
+        return ToolCallParser(self.mode, names, self.named, self.parallel)
+
+
+def plan_tools(
+    tools: list[dict[str, Any]] | None,
+    choice: str | Mapping[str, Any] | None,
+    parallel: bool | None,
+    tool_format: ToolFormat = "hermes",
+) -> ToolPlan:
+    """The ToolPlan of a request's tools (OpenAI dicts) and tool_choice ("none", "auto",
+    "required", {"type": "function", "function": {"name"}}, or None: auto when tools are given).
+    BadRequest for a bad combination. `strict: true` on a function makes the constraint strict:
+    with required, if any tool says so (a refused keyword cannot be traced to one function).
+    With auto, calls are parsed out of free text; if a function says strict, a structural tag in
+    the model's `tool_format` (`tool_call_format` of its chat template) makes every call the
+    model opens hold a valid call: a known name and arguments of its schema (as SGLang does;
+    for a Llama-style template: an output that starts with `{` must be one call)."""
+    if not tools:
+        if choice is not None and choice != "none":
+            raise BadRequest("tool_choice is only allowed when tools are given", 400, "tool_choice")
+        return ToolPlan("none", None, None)
+    if choice == "none":
+        return ToolPlan("none", None, None)
+    one = parallel is False
+    params = {str(t["function"]["name"]): t["function"].get("parameters") for t in tools}
+    params = {name: schema or {"type": "object"} for name, schema in params.items()}
+    if choice is None or choice == "auto":
+        if not any(t["function"].get("strict") for t in tools):
+            return ToolPlan("auto", tools, None, parallel=not one)
+        try:
+            tag = tool_call_tag(params, tool_format, parallel=not one)
+        except GrammarError as e:
+            raise BadRequest(f"tools: {e}", 400, "tools") from None
+        return ToolPlan("auto", tools, None, parallel=not one, strict=True, structural_tag=tag)
+    if choice == "required":
+        calls = [
+            {
+                "type": "object",
+                "properties": {"name": {"enum": [name]}, "parameters": schema},
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+            for name, schema in params.items()
+        ]
+        array: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        if one:
+            array["maxItems"] = 1
+        strict = any(t["function"].get("strict") for t in tools)
+        return ToolPlan("required", tools, json.dumps(array), parallel=not one, strict=strict)
+    assert isinstance(choice, Mapping), choice
+    name = str(choice["function"]["name"])
+    if name not in params:
+        raise BadRequest(f"tool_choice names function {name!r}, not in tools", 400, "tool_choice")
+    strict = any(t["function"].get("strict") for t in tools if t["function"]["name"] == name)
+    schema = json.dumps(params[name])
+    return ToolPlan("named", tools, schema, parallel=False, named=name, strict=strict)
+
+
+def tool_call_format(chat_template: str | Mapping[str, str] | None) -> ToolFormat:
+    """The tool-call format a chat template asks of the model: "mistral" (`[TOOL_CALLS] [...]`),
+    "llama" (the whole message one `{"name", "parameters"}` object: Llama 3.x), or "hermes"
+    (`<tool_call>{...}</tool_call>` blocks: Hermes, Qwen; also for a template that names no
+    format, as the parser's default)."""
+    if isinstance(chat_template, Mapping):
+        chat_template = "\n".join(str(t) for t in chat_template.values())
+    text = chat_template or ""
+    if MISTRAL in text:
+        return "mistral"
+    if HERMES_OPEN in text:
+        return "hermes"
+    if PYTHON_TAG in text or '"parameters": ' in text:
+        return "llama"
+    return "hermes"
+
+
+def resolve_tool_format(parser: str, chat_template: str | Mapping[str, str] | None) -> ToolFormat:
+    """The call format of `--tool-call-parser`: the one it names, or for "auto" the one the chat
+    template names (`tool_call_format`)."""
+    fmt = TOOL_CALL_PARSERS[parser]
+    return tool_call_format(chat_template) if fmt is None else fmt
+
+
+def markers_are_special(tokenizer: Any) -> bool:
+    """Whether one of the tool-call markers is a special token of the tokenizer (Mistral's
+    `[TOOL_CALLS]`, Llama's `<|python_tag|>`): detokenizing must then keep special tokens, or
+    the parser never sees where a call begins (SGLang does the same)."""
+    special = set(getattr(tokenizer, "all_special_tokens", ()))
+    return any(m in special for m in (HERMES_OPEN, HERMES_CLOSE, MISTRAL, PYTHON_TAG))
+
+
+def tool_call_tag(params: Mapping[str, Any], tool_format: ToolFormat, parallel: bool = True) -> str:
+    """A structural tag (xgrammar's format form, canonical JSON) for calls in `tool_format`:
+    free text, in which the format's marker opens a call of one of the functions of `params`
+    (name -> parameters schema) with arguments of its schema; with `parallel` False, the output
+    ends after the first call. "llama": no marker opens a call, the call is the whole message:
+    an output that starts with `{` (after whitespace) is one call, any other is free text."""
+    if tool_format == "llama":
+        return _llama_tag(params)
+    trigger = HERMES_OPEN if tool_format == "hermes" else MISTRAL
+    tags = []
+    for name, schema in params.items():
+        head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
+        if tool_format == "hermes":
+            begin, end = f"{HERMES_OPEN}\n{head}", "}\n" + HERMES_CLOSE
+        else:
+            begin, end = f"{MISTRAL} [{head}", "}]"
+        content = {"type": "json_schema", "json_schema": schema}
+        tags.append({"begin": begin, "content": content, "end": end})
+    node = {"type": "triggered_tags", "triggers": [trigger], "tags": tags,
+            "stop_after_first": not parallel}  # fmt: skip
+    return GrammarSpec.structural_tag({"type": "structural_tag", "format": node}).spec
+
+
+def _llama_tag(params: Mapping[str, Any]) -> str:
+    calls = [
+        {
+            "type": "tag",
+            "begin": '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "parameters": ',
+            "content": {"type": "json_schema", "json_schema": schema},
+            "end": "}",
+        }
+        for name, schema in params.items()
+    ]
+    call = {"type": "sequence", "elements": [{"type": "regex", "pattern": r"\s*"},
+                                             {"type": "or", "elements": calls}]}  # fmt: skip
+    text = {"type": "regex", "pattern": r"(\s*[^\s{][\s\S]*)?"}  # not a call: not from `{`
+    node = {"type": "or", "elements": [call, text]}
+    return GrammarSpec.structural_tag({"type": "structural_tag", "format": node}).spec
+
+
+def finish_reason(reason: str | None, has_calls: bool) -> str | None:
+    """OpenAI's finish_reason: "tool_calls" when calls were returned, except that "length" (and
+    "abort") stay as they are: a cut-off output may carry calls completed before the cut."""
+    return "tool_calls" if has_calls and reason == "stop" else reason
+
+
+def split_output(parser: ToolCallParser, text: str) -> tuple[str | None, list[ToolCall]]:
+    """(content, calls) of a whole output: content None when the output was only tool calls."""
+    pieces = parser.feed(text) + parser.finish()
+    calls = [p for p in pieces if isinstance(p, ToolCall)]
+    content = "".join(p for p in pieces if isinstance(p, str))
+    return (None if calls and not content else content), calls
+
+
+def stream_deltas(parser: ToolCallParser, text: str, final: bool) -> list[dict[str, Any]]:
+    """The chat-stream deltas for the next piece of output text (`final` on its last): content
+    text, and each call whole in one delta, indexed among the choice's calls."""
+    index = parser.num_calls
+    deltas: list[dict[str, Any]] = []
+    for piece in parser.feed(text) + (parser.finish() if final else []):
+        if isinstance(piece, str):
+            deltas.append({"content": piece})
+        else:
+            deltas.append({"tool_calls": [piece.openai(index=index)]})
+            index += 1
+    return deltas

@@ -1,0 +1,71 @@
+"""Result dicts in SGLang's shape: text, output_ids and meta_info (lengths, finish reason, logprobs)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from weft.runtime.ipc.messages import StrOut
+
+if TYPE_CHECKING:
+    from weft.runtime.server.tokenizer_manager import ReqState
+
+_LOGPROB_FIELDS = (
+    ("input_token_logprobs", "input_logprobs", False),
+    ("output_token_logprobs", "output_logprobs", False),
+    ("input_top_logprobs", "input_top_logprobs", True),
+    ("output_top_logprobs", "output_top_logprobs", True),
+    ("input_token_ids_logprobs", "input_ids_logprobs", True),
+    ("output_token_ids_logprobs", "output_ids_logprobs", True),
+)
+
+
+def build_output(tokenizer: Any, state: ReqState, final: bool) -> dict[str, Any]:
+    """final: the whole result; otherwise the delta of the pieces not yet consumed (streaming)."""
+    pieces: list[StrOut] = state.pieces
+    state.pieces = []
+    last = pieces[-1].token if pieces else None
+    if final:
+        text, output_ids = state.text, state.output_ids
+    else:
+        text = "".join(p.text for p in pieces)
+        output_ids = [t for p in pieces for t in p.token.new_ids]
+    meta: dict[str, Any] = state.meta
+    meta["id"] = state.rid
+    if last is not None:
+        meta["finish_reason"] = last.finish.to_dict() if last.finish else None
+        meta["prompt_tokens"] = last.prompt_tokens
+        meta["completion_tokens"] = last.completion_tokens
+        meta["cached_tokens"] = last.cached_tokens
+        if last.unenforced:
+            meta["unenforced_keywords"] = list(last.unenforced)
+    meta.setdefault("finish_reason", None)
+    meta["e2e_latency"] = time.perf_counter() - state.created
+    spec = state.spec
+    if spec.return_logprob:
+        with_text = spec.return_text_in_logprobs
+        for key, attr, nested in _LOGPROB_FIELDS:
+            if nested and "top" in key and not spec.top_logprobs_num:
+                continue
+            if nested and "ids" in key and not spec.token_ids_logprob:
+                continue
+            rows = [row for p in pieces for row in getattr(p.token, attr)]
+            new: list[Any] = (
+                [_entries(tokenizer, r, with_text) for r in rows]
+                if nested
+                else _entries(tokenizer, rows, with_text)
+            )
+            if final:
+                meta[key] = meta.get(key, []) + new
+            else:
+                meta[key] = new
+    return {"text": text, "output_ids": list(output_ids), "meta_info": dict(meta)}
+
+
+def _entries(tokenizer: Any, rows: list[Any], with_text: bool) -> list[tuple[Any, int, str | None]]:
+    if not rows:
+        return []
+    texts: list[str | None] = [None] * len(rows)
+    if with_text:
+        texts = list(tokenizer.batch_decode([[int(r[1])] for r in rows]))
+    return [(r[0], int(r[1]), t) for r, t in zip(rows, texts, strict=True)]

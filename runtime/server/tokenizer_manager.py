@@ -1,0 +1,354 @@
+"""TokenizerManager (asyncio): check and tokenize requests, send them to the scheduler, gather results."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from weft.runtime.ipc.messages import (
+    AbortReq,
+    BatchGenerateReq,
+    BatchStrOut,
+    FlushCacheOut,
+    FlushCacheReq,
+    GetStateReq,
+    Message,
+    StateOut,
+    StrOut,
+    TokenizedGenerateReq,
+    decode,
+    encode,
+)
+from weft.runtime.loader.model_info import ModelInfo
+from weft.runtime.server.generate_input import GenerateInput, PromptSpec
+from weft.runtime.server.output import build_output
+
+logger = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 0.5
+# NOTE: a generate call's requests go to the scheduler in parts of about this many prompt tokens
+# (16 prefill steps' worth at the default budget). The scheduler starts the first step once the
+# first part is decoded and admitted, and takes the rest while the device runs: 1,024 prompts of
+# 2,176 tokens in one message took ~0.5 s to decode and admit on the 2-core VM before anything ran.
+BATCH_PART_TOKENS = 1 << 17
+
+
+class RuntimeDown(RuntimeError):
+    """A child process died; no request can be served any more."""
+
+
+@dataclass
+class ReqState:
+    spec: PromptSpec
+    input_ids: list[int]
+    rid: str
+    out_index: int
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    pieces: list[StrOut] = field(default_factory=list)  # not yet consumed
+    meta: dict[str, Any] = field(default_factory=dict)
+    finished: bool = False
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    created: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    rejected: str | None = None  # the scheduler refused the request itself (e.g. bad grammar)
+
+
+class TokenizerManager:
+    def __init__(
+        self,
+        tokenizer: Any,
+        info: ModelInfo,
+        max_total_tokens: int,
+        scheduler_addr: str,
+        listen_addr: str,
+        check_children: Callable[[], str | None],
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.info = info
+        self.max_total_tokens = max_total_tokens
+        self.ctx = zmq.asyncio.Context()
+        self.to_scheduler = self.ctx.socket(zmq.PUSH)
+        self.to_scheduler.setsockopt(zmq.LINGER, 0)
+        self.to_scheduler.connect(scheduler_addr)
+        self.inbox = self.ctx.socket(zmq.PULL)
+        self.inbox.bind(listen_addr)
+        self.check_children = check_children
+        self.states: dict[str, ReqState] = {}
+        self.control: asyncio.Queue[Message] = asyncio.Queue()
+        self.control_lock = asyncio.Lock()
+        self.down: str | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+        # called on every output: (state, the output, the previous token time) — e.g. metrics
+        self.observers: list[Callable[[ReqState, StrOut, float | None], None]] = []
+
+    def start(self) -> None:
+        self.tasks = [
+            asyncio.ensure_future(self._recv_loop()),
+            asyncio.ensure_future(self._watch()),
+        ]
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        self.to_scheduler.close(linger=0)
+        self.inbox.close(linger=0)
+        self.ctx.term()
+
+    ##### Requests #####
+
+    async def generate(self, obj: GenerateInput) -> AsyncIterator[dict[str, Any]]:
+        """Submit and yield results: every output at the end, or deltas as they come (stream)."""
+        states = await self.submit(obj)
+        async for out in self.results(states, obj.stream):
+            yield out
+
+    async def submit(self, obj: GenerateInput) -> list[ReqState]:
+        """Check, tokenize and send every output of the request; ValueError on bad input."""
+        self._raise_if_down()
+        specs = obj.specs()
+        ids = [self._tokenize(s) for s in specs]
+        ns = {s.params.n for s in specs}
+        if len(ns) > 1:
+            raise ValueError("all prompts of a batch must use the same sampling parameter n")
+        n = ns.pop()
+        for spec, prompt in zip(specs, ids, strict=True):
+            self._check(spec, prompt)
+        if n > 1:  # prefill each prompt once so the n samples share it through the radix cache
+            warm = [
+                (_prefill_only(s), p, f"{s.rid}-prefill") for s, p in zip(specs, ids, strict=True)
+            ]
+            await self.collect(self._submit(warm))
+        outputs = [
+            (
+                spec if n == 1 else _sample_j(spec, j),
+                prompt,
+                spec.rid if n == 1 else f"{spec.rid}-{j}",
+            )
+            for spec, prompt in zip(specs, ids, strict=True)
+            for j in range(n)
+        ]
+        return self._submit(outputs)
+
+    async def results(self, states: list[ReqState], stream: bool) -> AsyncIterator[dict[str, Any]]:
+        try:
+            if stream:
+                async for out in self._stream(states):
+                    yield out
+            else:
+                for out in await self.collect(states):
+                    yield out
+        finally:
+            for state in states:
+                if not state.finished:
+                    self.abort(state.rid)
+
+    def _tokenize(self, spec: PromptSpec) -> list[int]:
+        if spec.input_ids is not None:
+            return spec.input_ids
+        assert spec.text is not None
+        return list(self.tokenizer.encode(spec.text))
+
+    def _check(self, spec: PromptSpec, prompt: list[int]) -> None:
+        p = spec.params
+        if prompt and max(prompt) >= self.info.vocab_size:
+            bad = next(t for t in prompt if t >= self.info.vocab_size)
+            raise ValueError(
+                f"input_ids contain out-of-vocabulary token id {bad} (vocab size {self.info.vocab_size})"
+            )
+        p.verify_vocab(self.info.vocab_size)
+        for t in spec.token_ids_logprob:
+            if t >= self.info.vocab_size:
+                raise ValueError(f"token_ids_logprob contains out-of-vocabulary token id {t}")
+        if spec.logprob_start_len >= len(prompt):
+            raise ValueError(
+                f"logprob_start_len ({spec.logprob_start_len}) must be less than the prompt length ({len(prompt)})"
+            )
+        max_new = self.info.resolve_max_new_tokens(
+            p.max_new_tokens, len(prompt), self.max_total_tokens
+        )
+        problem = self.info.check_request(len(prompt), max_new, self.max_total_tokens)
+        if problem is not None:
+            raise ValueError(problem)
+
+    def _submit(self, outputs: list[tuple[PromptSpec, list[int], str]]) -> list[ReqState]:
+        """Register the outputs (spec, prompt ids, rid) of one call and send them together, so the
+        scheduler admits them together (in parts of BATCH_PART_TOKENS prompt tokens: see there);
+        all or none (a rid already running refuses all). The rids of one call are distinct
+        (GenerateInput checks; samples add "-j")."""
+        taken = [rid for _, _, rid in outputs if rid in self.states]
+        if taken:
+            raise ValueError(f"a request with rid {taken[0]!r} is already running")
+        states: list[ReqState] = []
+        msgs: list[TokenizedGenerateReq] = []
+        for spec, prompt, rid in outputs:
+            max_new = self.info.resolve_max_new_tokens(
+                spec.params.max_new_tokens, len(prompt), self.max_total_tokens
+            )
+            states.append(ReqState(spec, prompt, rid, len(states)))
+            msgs.append(
+                TokenizedGenerateReq(
+                    rid=rid,
+                    input_ids=prompt,
+                    params=spec.params,
+                    max_new_tokens=max_new,
+                    return_logprob=spec.return_logprob,
+                    logprob_start_len=spec.logprob_start_len if spec.return_logprob else -1,
+                    top_logprobs_num=spec.top_logprobs_num,
+                    token_ids_logprob=spec.token_ids_logprob,
+                    stream=spec.stream,
+                )
+            )
+        for state in states:
+            self.states[state.rid] = state
+        for part in batch_parts(msgs, BATCH_PART_TOKENS):
+            self.to_scheduler.send(encode(part[0] if len(part) == 1 else BatchGenerateReq(part)))
+        return states
+
+    async def collect(self, states: list[ReqState]) -> list[dict[str, Any]]:
+        for state in states:
+            while not state.finished:
+                await self._wait(state)
+        return [build_output(self.tokenizer, s, final=True) for s in states]
+
+    async def _stream(self, states: list[ReqState]) -> AsyncIterator[dict[str, Any]]:
+        pending = list(states)
+        while pending:
+            waiters = {asyncio.ensure_future(self._wait(s)): s for s in pending if not s.pieces}
+            ready = [s for s in pending if s.pieces]
+            if not ready:
+                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    fut.result()
+            for fut in waiters:
+                fut.cancel()
+            for state in [s for s in pending if s.pieces]:
+                if state.rejected is not None:
+                    raise ValueError(state.rejected)
+                out = build_output(self.tokenizer, state, final=False)
+                if len(states) > 1:
+                    out["index"] = state.out_index
+                yield out
+            pending = [s for s in pending if not s.finished or s.pieces]
+
+    async def _wait(self, state: ReqState) -> None:
+        await state.event.wait()
+        state.event.clear()
+        self._raise_if_down()
+        if state.rejected is not None:  # a 400 found by the scheduler (e.g. a grammar refusal)
+            raise ValueError(state.rejected)
+
+    def abort(self, rid: str = "", abort_all: bool = False) -> None:
+        if self.to_scheduler.closed:  # shut down: a request cancelled after close() has no one
+            return  # to tell (its send would fail in a future nobody awaits)
+        self.to_scheduler.send(encode(AbortReq(rid=rid, abort_all=abort_all)))
+
+    ##### Control #####
+
+    async def flush_cache(self) -> FlushCacheOut:
+        reply = await self._control(FlushCacheReq())
+        assert isinstance(reply, FlushCacheOut)
+        return reply
+
+    async def get_state(self) -> dict[str, Any]:
+        reply = await self._control(GetStateReq())
+        assert isinstance(reply, StateOut)
+        return reply.state
+
+    async def _control(self, msg: Message) -> Message:
+        self._raise_if_down()
+        async with self.control_lock:
+            self.to_scheduler.send(encode(msg))
+            reply = await self.control.get()
+        self._raise_if_down()
+        return reply
+
+    ##### Background tasks #####
+
+    async def _recv_loop(self) -> None:
+        while True:
+            msg = decode(await self.inbox.recv())
+            if isinstance(msg, BatchStrOut):
+                for out in msg.outs:
+                    self._deliver(out)
+            else:
+                await self.control.put(msg)
+
+    def _deliver(self, out: StrOut) -> None:
+        state = self.states.get(out.token.rid)
+        if state is None:
+            return
+        now = time.perf_counter()
+        prev = state.last_token_at
+        if out.token.new_ids:
+            if state.first_token_at is None:
+                state.first_token_at = now
+            state.last_token_at = now
+        state.pieces.append(out)
+        state.text += out.text
+        state.output_ids += out.token.new_ids
+        if out.token.finish is not None:
+            fin = out.token.finish
+            if fin.type == "abort" and fin.status is not None:
+                state.rejected = fin.message or "the request was rejected"
+            if out.full_text is not None:
+                state.text = out.full_text
+            state.finished = True
+            del self.states[state.rid]
+        for observe in self.observers:
+            observe(state, out, prev)
+        state.event.set()
+
+    async def _watch(self) -> None:
+        while self.down is None:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            problem = self.check_children()
+            if problem is not None:
+                self.set_down(problem)
+
+    def set_down(self, reason: str) -> None:
+        self.down = reason
+        logger.error("weft runtime is down: %s", reason)
+        for state in list(self.states.values()):
+            state.event.set()
+        self.control.put_nowait(StateOut({"error": reason}))
+
+    def _raise_if_down(self) -> None:
+        if self.down is not None:
+            raise RuntimeDown(f"weft runtime is down: {self.down}")
+
+
+def _prefill_only(spec: PromptSpec) -> PromptSpec:
+    params = dataclasses.replace(spec.params, max_new_tokens=0, min_new_tokens=0, n=1)
+    return dataclasses.replace(spec, params=params, return_logprob=False, stream=False)
+
+
+def _sample_j(spec: PromptSpec, j: int) -> PromptSpec:
+    """Sample j of n: its own seed (seed + j) so the n samples differ but stay reproducible."""
+    seed = spec.params.sampling_seed
+    params = dataclasses.replace(spec.params, n=1, sampling_seed=None if seed is None else seed + j)
+    return dataclasses.replace(spec, params=params)
+
+
+def batch_parts(
+    msgs: list[TokenizedGenerateReq], part_tokens: int
+) -> list[list[TokenizedGenerateReq]]:
+    """The requests in order, cut after each run that reaches `part_tokens` prompt tokens."""
+    parts: list[list[TokenizedGenerateReq]] = [[]]
+    tokens = 0
+    for msg in msgs:
+        if tokens >= part_tokens:
+            parts.append([])
+            tokens = 0
+        parts[-1].append(msg)
+        tokens += len(msg.input_ids)
+    return parts
