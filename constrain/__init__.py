@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from contextlib import AbstractContextManager
 from typing import Any
 
 from weft.constrain.base import (
@@ -22,15 +21,6 @@ DEFAULT_BACKEND = "llguidance"  # measured: see benchmarks/constrain.py
 DEFAULT_JSON_WHITESPACE = 16
 
 
-def prefetch_batch() -> AbstractContextManager[None]:
-    """Masks whose prefetch starts inside (the tokens a step's requests accept) are computed
-    together once it closes, in parallel (llguidance with WEFT_MASK_BATCH=1, opt-in while it is
-    measured; otherwise, and for the other backends, nothing changes)."""
-    from weft.constrain.llguidance_prefetch import MASK_WORKER
-
-    return MASK_WORKER.batch()
-
-
 def create_grammar_backend(
     name: str,
     tokenizer: Any,
@@ -40,6 +30,7 @@ def create_grammar_backend(
     max_json_whitespace: int = DEFAULT_JSON_WHITESPACE,
     prefetch_masks: bool = True,
     prefetch_forced: bool = False,
+    mask_threads: int | None = None,
 ) -> GrammarBackend:
     """A backend for one model: `tokenizer` a HF fast tokenizer, `vocab_size` the logit width
     (>= the tokenizer's; padded columns are never allowed), `stop_ids` every stop id (allowed
@@ -49,7 +40,8 @@ def create_grammar_backend(
     `prefetch_masks` (llguidance): compute each next mask on a background thread as soon as a
     token is accepted, so `fill_bitmask` mostly waits for a finished mask (masks are unchanged);
     `prefetch_forced`: also where the next tokens are forced (pass True when forced tokens are
-    sampled through masks, i.e. without jump-forward).
+    sampled through masks, i.e. without jump-forward); `mask_threads`: the threads computing
+    them (None: llguidance_prefetch.default_workers()).
 
     JSON semantics, both backends: object properties come in schema order; strings are raw UTF-8
     (llguidance refuses \\u escapes of printable characters). `additionalProperties` absent or
@@ -62,7 +54,7 @@ def create_grammar_backend(
         from weft.constrain.llguidance_backend import LLGuidanceBackend
 
         return LLGuidanceBackend(
-            space, tokenizer, strict, whitespace, prefetch_masks, prefetch_forced
+            space, tokenizer, strict, whitespace, prefetch_masks, prefetch_forced, mask_threads
         )
     if name == "outlines":
         from weft.constrain.outlines_backend import OutlinesBackend
@@ -85,5 +77,4 @@ __all__ = [
     "allocate_bitmask",
     "apply_bitmask",
     "create_grammar_backend",
-    "prefetch_batch",
 ]

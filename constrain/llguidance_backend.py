@@ -21,6 +21,7 @@ from weft.constrain.base import (
     GrammarSpec,
 )
 from weft.constrain.llguidance_matcher import LLGuidanceMatcher
+from weft.constrain.llguidance_prefetch import MaskWorker
 from weft.constrain.schema import llguidance_keywords, without_patterns, without_remote_refs
 from weft.constrain.structural_format import format_grammar, format_texts
 from weft.constrain.structural_tag import structural_tag_format
@@ -60,9 +61,11 @@ class LLGuidanceBackend(GrammarBackend):
         json_whitespace: str,
         prefetch_masks: bool = True,
         prefetch_forced: bool = False,
+        mask_threads: int | None = None,
     ) -> None:
         super().__init__(space, strict)
-        self._prefetch = (prefetch_masks, prefetch_forced)
+        worker = MaskWorker(mask_threads) if prefetch_masks else None
+        self._prefetch = (worker, prefetch_forced)
         stops = sorted(space.stop_ids)
         self._tokenizer = llguidance.hf.from_tokenizer(
             tokenizer, n_vocab=space.vocab_size, eos_token=stops
@@ -250,13 +253,13 @@ class LLGuidanceGrammar(CompiledGrammar):
         unenforced: list[str],
         space: TokenSpace,
         template: Any,
-        prefetch: bool = True,
+        worker: MaskWorker | None = None,
         prefetch_forced: bool = False,
     ) -> None:
         super().__init__(spec, unenforced)
         self._space = space
         self._template = template
-        self._prefetch = (prefetch, prefetch_forced)
+        self._prefetch = (worker, prefetch_forced)
 
     def warm_up(self) -> None:
         """Compute the first mask now, so that compile time includes it and requests start warm."""

@@ -17,21 +17,25 @@ from weft.constrain.vocab import TokenSpace
 
 
 class LLGuidanceMatcher(GrammarMatcher):
-    """A request's llguidance matcher; with `prefetch`, each accepted token starts the next mask
-    (`prefetch_forced`: also in a state with forced tokens, for callers that sample them through
-    masks rather than jump forward, whose accept would wait for the mask).
+    """A request's llguidance matcher; with a `worker`, each accepted token starts the next mask
+    there (`prefetch_forced`: also in a state with forced tokens, for callers that sample them
+    through masks rather than jump forward, whose accept would wait for the mask).
 
     NOTE: while a prefetch runs, the library holds the matcher, so every hook that touches
     `self._m` waits for it first (`_join`). Masks are identical with and without prefetch.
     """
 
     def __init__(
-        self, space: TokenSpace, matcher: Any, prefetch: bool = True, prefetch_forced: bool = False
+        self,
+        space: TokenSpace,
+        matcher: Any,
+        worker: llguidance_prefetch.MaskWorker | None = None,
+        prefetch_forced: bool = False,
     ) -> None:
         super().__init__(space)
         self._m = matcher
-        self._prefetch, self._prefetch_forced = prefetch, prefetch_forced
-        self._row = llguidance_prefetch.BoundRow(space.words) if prefetch else None
+        self._worker, self._prefetch_forced = worker, prefetch_forced
+        self._row = llguidance_prefetch.BoundRow(space.words) if worker is not None else None
         self._in_place = False  # the fill in progress delivered the prefetched mask
         self._job: llguidance_prefetch.Job | None = None  # in flight, or done but not joined
         self._ready = False  # the buffer holds the mask of the current state, finished (a row)
@@ -112,7 +116,7 @@ class LLGuidanceMatcher(GrammarMatcher):
     def _clone(self) -> GrammarMatcher:
         self._join()
         return LLGuidanceMatcher(
-            self._space, self._m.deep_copy(), self._prefetch, self._prefetch_forced
+            self._space, self._m.deep_copy(), self._worker, self._prefetch_forced
         )
 
     ##### Internal Helper Functions #####
@@ -120,15 +124,15 @@ class LLGuidanceMatcher(GrammarMatcher):
     def _prefetch_if_unforced(self) -> None:
         """Start computing this state's mask, unless it has an error, or forced tokens without
         `prefetch_forced` (jump-forward will append them: no mask is filled there)."""
-        if self._prefetch and not self._m.is_error():
+        if self._worker is not None and not self._m.is_error():
             self._forced = list(self._m.compute_ff_tokens())
             if not self._forced or self._prefetch_forced:
                 self._start_prefetch()
 
     def _start_prefetch(self) -> None:
-        assert self._row is not None
+        assert self._row is not None and self._worker is not None
         self._row.published = 0  # NOTE: no job in flight: the last one was joined
-        self._job = llguidance_prefetch.MASK_WORKER.submit(self._m, self._row.buffer, self._finish)
+        self._job = self._worker.submit(self._m, self._row.buffer, self._finish)
 
     def _finish(self, address: int) -> None:
         """On the worker thread, right after the mask: make it the final row (see _fill_final;

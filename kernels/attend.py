@@ -3,6 +3,7 @@ extend kernels, and the fp8 -> float16 conversion."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -92,3 +93,14 @@ def _attend(  # type: ignore[no-untyped-def]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, m_i, l_i
+
+
+def fp16_dots(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
+    """Whether the kernels take an fp8 pool's dots in float16 (see `_attend`)."""
+    return k_buffer.element_size() == 1 and q.dtype != torch.float32
+
+
+def fp8_v_staging(q: torch.Tensor, k_buffer: torch.Tensor) -> bool:
+    """Whether an fp8 pool's V tiles can be converted where they are loaded (`_attend`): the
+    conversion is inline PTX, so CUDA only (the interpreter sinks it into the dot as before)."""
+    return fp16_dots(q, k_buffer) and q.is_cuda

@@ -7,9 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .attend import LOG2E, _e4m3_to_f16_here
+from .attend import LOG2E, _e4m3_to_f16_here, fp8_v_staging, fp16_dots
 from .common import INDEX_DTYPES, check_tensor, kv_dtypes
-from .decode import fp8_v_staging, fp16_dots
 
 
 @triton.jit

@@ -8,26 +8,18 @@ import torch
 import triton
 import triton.language as tl
 
-PREFETCH_AT = {"start": 1, "end": 2}  # where a kernel issues them (0: it does not)
-
 
 class L2Prefetch(NamedTuple):
-    """Bytes a kernel asks the L2 to hold for the kernel after it (its weight, say), and where
-    in each program it asks: `start` (before anything else) or `end` (after its own loads)."""
+    """Bytes a kernel asks the L2 to hold for the kernel after it (its weight, say): the first
+    `fraction` of data's bytes."""
 
     data: torch.Tensor  # contiguous; its bytes from the first element on
-    at: str = "end"
-    fraction: float = 1.0  # of data's bytes, from its start
-
-    def code(self) -> int:
-        if self.at not in PREFETCH_AT:
-            raise ValueError(f"L2Prefetch.at must be one of {sorted(PREFETCH_AT)}, got {self.at!r}")
-        if not 0.0 < self.fraction <= 1.0:
-            raise ValueError(f"L2Prefetch.fraction must be in (0, 1], got {self.fraction}")
-        return PREFETCH_AT[self.at]
+    fraction: float = 1.0
 
     def base(self) -> torch.Tensor:
         """data's first `fraction` of bytes, as uint8."""
+        if not 0.0 < self.fraction <= 1.0:
+            raise ValueError(f"L2Prefetch.fraction must be in (0, 1], got {self.fraction}")
         assert self.data.is_contiguous(), "L2Prefetch: data must be contiguous"
         raw = self.data.view(-1).view(torch.uint8)
         return raw[: max(1, int(raw.numel() * self.fraction))]
@@ -51,19 +43,3 @@ def prefetch_l2_part(Base, nbytes, part, parts, LINES: tl.constexpr):  # type: i
             is_pure=False,
             pack=1,
         )
-
-
-@triton.jit
-def _prefetch_kernel(Base, nbytes, LINES: tl.constexpr):  # type: ignore[no-untyped-def]
-    prefetch_l2_part(Base, nbytes, tl.program_id(0), tl.num_programs(0), LINES)
-
-
-def prefetch_l2(data: torch.Tensor, programs: int = 132) -> None:
-    """A launch of its own that asks the L2 for data's bytes (for measuring the hint alone)."""
-    if not data.is_cuda:
-        raise ValueError(f"prefetch_l2 needs a CUDA tensor, got {data.device}")
-    base = L2Prefetch(data).base()
-    _prefetch_kernel[(programs,)](base, base.numel(), LINES=256, num_warps=4)
-
-
-__all__ = ["L2Prefetch", "prefetch_l2", "prefetch_l2_part"]

@@ -8,7 +8,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .common import check_tensor, supports_pdl
-from .timeline import now, stamps, trace_for
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HIDDEN = 65536
@@ -20,7 +19,6 @@ def _rmsnorm_kernel(  # type: ignore[no-untyped-def]
     Res,  # [T, N] residual stream (fused only), updated in place
     W,  # [N]
     Y,  # [T, N] output
-    Trace,  # int64 (when TRACE) per program: start, wait returned, row loaded, end (ns), SM
     stride_x,
     stride_r,
     stride_y,
@@ -29,13 +27,10 @@ def _rmsnorm_kernel(  # type: ignore[no-untyped-def]
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     PDL: tl.constexpr,  # launched as a programmatic dependent: the next kernel may launch now
-    TRACE: tl.constexpr,  # write the program's stamps (kernels/timeline.py)
 ):
-    t0 = now() if TRACE else 0
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
-    t1 = now() if TRACE else 0
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -46,15 +41,11 @@ def _rmsnorm_kernel(  # type: ignore[no-untyped-def]
         h = (x + r).to(Res.dtype.element_ty)
         tl.store(Res + row * stride_r + offs, h, mask=mask)
         x = h.to(tl.float32)
-    t2 = now() if TRACE else 0
     rstd = tl.rsqrt(tl.sum(x * x, 0) / N + eps)
     w = tl.load(W + offs, mask=mask, other=0.0).to(tl.float32)
     # normalise, round to the input's dtype, then scale: the order of weft's RMSNorm module
     y = (x * rstd).to(Y.dtype.element_ty).to(tl.float32) * w
     tl.store(Y + row * stride_y + offs, y.to(Y.dtype.element_ty), mask=mask)
-    if TRACE:
-        t3 = now()
-        stamps(Trace, row, t0, t1, t2, t3)
 
 
 def _num_warps(block: int) -> int:
@@ -78,11 +69,9 @@ def rmsnorm(
     if tokens:
         block = triton.next_power_of_2(hidden)
         pdl = pdl and supports_pdl(x.device)
-        trace, traced = trace_for("rmsnorm", tokens, out)
         _rmsnorm_kernel[(tokens,)](
-            x, x, weight, out, trace, x.stride(0), x.stride(0), out.stride(0), hidden, eps,
+            x, x, weight, out, x.stride(0), x.stride(0), out.stride(0), hidden, eps,
             BLOCK=block, HAS_RESIDUAL=False, num_warps=_num_warps(block), PDL=pdl, launch_pdl=pdl,
-            TRACE=traced,
         )  # fmt: skip
     return out
 
@@ -109,9 +98,7 @@ def fused_add_rmsnorm(
     if tokens:
         block = triton.next_power_of_2(hidden)
         pdl = pdl and supports_pdl(x.device)
-        trace, traced = trace_for("add_rmsnorm", tokens, x)
         _rmsnorm_kernel[(tokens,)](
-            x, residual, weight, x, trace, x.stride(0), residual.stride(0), x.stride(0), hidden,
-            eps, BLOCK=block, HAS_RESIDUAL=True, num_warps=_num_warps(block), PDL=pdl,
-            launch_pdl=pdl, TRACE=traced,
+            x, residual, weight, x, x.stride(0), residual.stride(0), x.stride(0), hidden, eps,
+            BLOCK=block, HAS_RESIDUAL=True, num_warps=_num_warps(block), PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip

@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .common import FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor, supports_pdl
+from .common import FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor
 
 
 def cos_sin_cache(inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:
@@ -106,11 +105,7 @@ def _rotary_kernel(  # type: ignore[no-untyped-def]
     IS_NEOX: tl.constexpr,
     STORE: tl.constexpr,  # also write the rotated k and v to the pool (R = D)
     SATURATE: tl.constexpr,
-    PDL: tl.constexpr,  # launched as a programmatic dependent: the next kernel may launch now
 ):
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(Positions + t).to(tl.int64)
     offs_i = tl.arange(0, BLOCK_HALF)
@@ -142,7 +137,6 @@ def rotary_embedding(
     cos_sin_cache: torch.Tensor,  # [P, R] float32, R <= D even: see cos_sin_cache()
     is_neox: bool = True,
     kv_store: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    pdl: bool = False,
 ) -> None:
     """In place: rotate the first R dims of every q and k head by its token's position.
 
@@ -151,7 +145,6 @@ def rotary_embedding(
 
     kv_store = (v, k_buffer, v_buffer, loc) also does store_kv's work in the same launch: the
     rotated k and v go to their slots of the pool, cast as store_kv casts them (R = D only).
-    `pdl`: launch as a programmatic dependent where the GPU supports it (see gemv).
     """
     tokens, heads, dim = q.shape
     num_kv_heads = k.shape[1]
@@ -174,7 +167,6 @@ def rotary_embedding(
         check_tensor(loc, "loc", (tokens,), INDEX_DTYPES, dev)
     if tokens == 0:
         return
-    pdl = pdl and supports_pdl(dev)
     _rotary_kernel[(tokens,)](
         positions, q, k, cos_sin_cache, v, k_buf, v_buf, loc,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
@@ -184,5 +176,5 @@ def rotary_embedding(
         BLOCK_HKV=triton.next_power_of_2(num_kv_heads), BLOCK_HALF=triton.next_power_of_2(rot // 2),
         IS_NEOX=is_neox, STORE=kv_store is not None,
         SATURATE=FP8_MAX if kv_store is not None and k_buf.dtype == FP8_KV else 0.0,
-        PDL=pdl, launch_pdl=pdl, num_warps=4,
+        num_warps=4,
     )  # fmt: skip

@@ -8,8 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .attend import LOG2E, _attend
-from .decode import _split_range, fp8_v_staging, fp16_dots
+from .attend import LOG2E, _attend, fp8_v_staging, fp16_dots
+from .splits import _split_range
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
-"""EngineConfig: the one frozen configuration of a weft runtime, validated at construction."""
+"""EngineConfig: the one frozen configuration of a weft runtime (with its TuningConfig), validated
+at construction."""
 
 from __future__ import annotations
 
 import os
 import types
 import typing
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +22,48 @@ def default_cache_dir() -> Path:
     """Where converted models live: $XDG_CACHE_HOME/weft or ~/.cache/weft."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "weft"
+
+
+@dataclass(frozen=True)
+class TuningConfig:
+    """How the CUDA path runs where the runtime otherwise decides by measurement: each default is
+    the measured choice (BENCHMARKS.md); the other values force one side, for comparing. On the
+    command line: `weft serve --gemv off --graph-blas cublas ...`."""
+
+    # decode CUDA graphs of 1-16 rows run the projections on weft's skinny GEMV: auto where the
+    # whole step replays faster with it (timed per batch size at capture), on / off everywhere
+    gemv: Literal["auto", "on", "off"] = "auto"
+    # the cuBLAS path of each decode graph's GEMMs: auto measures per batch size at capture
+    graph_blas: Literal["auto", "cublas", "cublaslt"] = "auto"
+    # the RMSNorm and skinny GEMV kernels launch as programmatic dependents on sm_90+ (each may
+    # start while the kernel before it finishes); true launches them plainly
+    disable_pdl: bool = False
+    # the triton extend kernel walks a work list of query blocks instead of its full grid: auto
+    # over an fp8 KV pool (where it measured faster; over bf16 it measured slower)
+    extend_work: Literal["auto", "on", "off"] = "auto"
+    # threads computing grammar masks ahead of the step (llguidance); None: min(3, cores - 1)
+    grammar_mask_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        if self.gemv not in ("auto", "on", "off"):
+            raise ValueError(f"gemv must be 'auto', 'on' or 'off', got {self.gemv!r}")
+        if self.graph_blas not in ("auto", "cublas", "cublaslt"):
+            raise ValueError(
+                f"graph_blas must be 'auto', 'cublas' or 'cublaslt', got {self.graph_blas!r}"
+            )
+        if self.extend_work not in ("auto", "on", "off"):
+            raise ValueError(f"extend_work must be 'auto', 'on' or 'off', got {self.extend_work!r}")
+        if self.grammar_mask_threads is not None and self.grammar_mask_threads < 1:
+            raise ValueError(
+                f"grammar_mask_threads must be >= 1, got {self.grammar_mask_threads}"
+            )
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> TuningConfig:
+        """Build from keyword arguments, naming any unknown one."""
+        _check_known(cls, kwargs, "tuning option")
+        return cls(**kwargs)
 
 
 @dataclass(frozen=True)
@@ -71,9 +114,10 @@ class EngineConfig:
     cache_dir: str | None = None  # converted models; default ~/.cache/weft
     cpu_threads: int | None = None  # torch intra-op threads of the scheduler on CPU; None: torch's
     log_level: str = "warning"
+    tuning: TuningConfig = field(default_factory=TuningConfig)
 
     def __post_init__(self) -> None:
-        self._check_types()
+        _check_fields(self)
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.load_format == "dummy" and self.model is None:
@@ -150,26 +194,21 @@ class EngineConfig:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
-        """Build from keyword arguments, naming any unknown one; paths may be os.PathLike."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(f"unknown engine option(s): {', '.join(unknown)}")
+        """Build from keyword arguments, naming any unknown one; paths may be os.PathLike, and
+        `tuning` a TuningConfig or a dict of its fields."""
+        _check_known(cls, kwargs, "engine option")
         for name in _PATHS:
             if isinstance(kwargs.get(name), os.PathLike):
                 kwargs[name] = os.fspath(kwargs[name])
+        tuning = kwargs.get("tuning")
+        if isinstance(tuning, dict):
+            kwargs["tuning"] = TuningConfig.from_kwargs(**tuning)
         return cls(**kwargs)
 
-    def _check_types(self) -> None:
-        """Every field holds a value of its annotated type (a flag given "no" would otherwise
-        read as true, and a number given as a string would fail later, far from its cause)."""
-        hints = typing.get_type_hints(type(self))
-        for f in fields(self):
-            value, hint = getattr(self, f.name), hints[f.name]
-            if not _matches(value, hint):
-                raise ValueError(
-                    f"{f.name} must be {_describe(hint)}, got {value!r} ({type(value).__name__})"
-                )
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineConfig:
+        """The inverse of `to_dict` (a child process rebuilds its parent's config)."""
+        return cls.from_kwargs(**data)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -209,6 +248,24 @@ class EngineConfig:
 
 
 _PATHS = ("model", "tokenizer", "cache_dir")
+
+
+def _check_known(cls: type, kwargs: dict[str, Any], what: str) -> None:
+    unknown = sorted(set(kwargs) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown {what}(s): {', '.join(unknown)}")
+
+
+def _check_fields(config: Any) -> None:
+    """Every field holds a value of its annotated type (a flag given "no" would otherwise read
+    as true, and a number given as a string would fail later, far from its cause)."""
+    hints = typing.get_type_hints(type(config))
+    for f in fields(config):
+        value, hint = getattr(config, f.name), hints[f.name]
+        if not _matches(value, hint):
+            raise ValueError(
+                f"{f.name} must be {_describe(hint)}, got {value!r} ({type(value).__name__})"
+            )
 
 
 def _matches(value: Any, hint: Any) -> bool:

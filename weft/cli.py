@@ -9,7 +9,7 @@ import sys
 import typing
 from typing import Any
 
-from weft.runtime.config import EngineConfig
+from weft.runtime.config import EngineConfig, TuningConfig
 from weft.runtime.server.http.tool_parser import TOOL_CALL_PARSERS
 
 _HELP = {
@@ -46,14 +46,29 @@ _HELP = {
     "grammar_timeout": "seconds a grammar may compile before the request gets a 400",
     "strict_schemas": "refuse JSON-schema keywords the grammar backend cannot enforce",
     "disable_jump_forward": "sample grammar-forced tokens one by one (so with overlap anyway)",
+    "gemv": "decode graphs of 1-16 rows on weft's skinny GEMV: auto (where the step replays "
+    "faster), on or off",
+    "graph_blas": "the cuBLAS path of the decode graphs' GEMMs: auto (measured), cublas or cublaslt",
+    "disable_pdl": "launch the norm and GEMV kernels plainly, not as programmatic dependents",
+    "extend_work": "the triton extend kernel's work list: auto (on over an fp8 pool), on or off",
+    "grammar_mask_threads": "threads computing grammar masks ahead; none = min(3, cores - 1)",
 }
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
-    """One --flag per EngineConfig field, with its default shown."""
-    group = parser.add_argument_group("engine options")
-    hints = typing.get_type_hints(EngineConfig)
-    for f in dataclasses.fields(EngineConfig):
+    """One --flag per EngineConfig and TuningConfig field, with its default shown."""
+    _add_fields(parser.add_argument_group("engine options"), EngineConfig)
+    _add_fields(
+        parser.add_argument_group("tuning (defaults measured; the others force a path)"),
+        TuningConfig,
+    )
+
+
+def _add_fields(group: argparse._ArgumentGroup, cls: type) -> None:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name == "tuning":
+            continue
         flag = "--" + f.name.replace("_", "-")
         default = f.default
         text = f"{_HELP.get(f.name, '')} (default: {default})".strip()
@@ -71,7 +86,10 @@ def _cli_type(hint: Any) -> type:
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
+    kwargs = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
+              if f.name != "tuning"}  # fmt: skip
+    kwargs["tuning"] = {f.name: getattr(args, f.name) for f in dataclasses.fields(TuningConfig)}
+    return kwargs
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

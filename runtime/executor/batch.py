@@ -22,6 +22,7 @@ import torch
 
 if TYPE_CHECKING:
     from weft.runtime.executor.shared_prefix import SharedPrefixPlan
+    from weft.runtime.models.layers import GemvPlan
     from weft.runtime.scheduler.request import Req
 
 
@@ -64,6 +65,8 @@ class ForwardBatch:
     extend_lens_cpu: list[int]
     # DECODE with a backend that reads shared prefixes once per group: which requests share what
     shared: SharedPrefixPlan | None = None
+    # the projections that run weft's skinny GEMV (a decode graph's choice); None: cuBLAS
+    gemv: GemvPlan | None = None
 
     @property
     def batch_size(self) -> int:

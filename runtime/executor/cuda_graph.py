@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import bisect
 import logging
-import statistics
 from typing import Any
 
 import torch
 
-from weft.runtime.executor import skinny
+from weft.runtime.config import TuningConfig
 from weft.runtime.executor.attention.base import AttentionBackend
 from weft.runtime.executor.batch import ForwardBatch, ForwardMode
-from weft.runtime.executor.graph_blas import blas_library, choose, mode_from_env, projection_timer
-from weft.runtime.executor.pdl import sum_here_from_env
+from weft.runtime.executor.graph_tuning import (
+    blas_library,
+    choose_blas,
+    choose_gemv,
+    projection_timer,
+    replay_us,
+)
+from weft.runtime.models.layers import GemvPlan
 
 logger = logging.getLogger(__name__)
 
@@ -25,27 +30,13 @@ def capture_sizes(max_batch: int) -> list[int]:
     return [s for s in sizes if s <= max_batch] or [1]
 
 
-def replay_us(graph: torch.cuda.CUDAGraph, reps: int) -> float:
-    """Median microseconds of `reps` replays of `graph` (after one more to warm up), each timed
-    with CUDA events."""
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
 class GraphRunner:
     """Replays the decode forward (embedding -> final norm) for batches of one token per request.
 
     Padded rows read row `pad_row` of the request table with seq_len 0 (attention skips them) and
-    write their K/V to the reserved slot 0, so they touch no request's KV.
+    write their K/V to the reserved slot 0, so they touch no request's KV. What each size's
+    graph runs on (its cuBLAS path, the skinny GEMV's plan) is chosen at capture
+    (graph_tuning.py) and handed to the model with the batch; the model is not modified.
     """
 
     def __init__(
@@ -57,6 +48,7 @@ class GraphRunner:
         dtype: torch.dtype,
         device: torch.device,
         pad_row: int,
+        tuning: TuningConfig,
     ) -> None:
         self.model = model
         self.attn = attn
@@ -73,15 +65,11 @@ class GraphRunner:
         self._staged: tuple[ForwardBatch, int, bool] | None = None  # (batch, padded size, shared)
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # (size, shared variant)
         self.pool: Any = None
-        self.blas_mode = mode_from_env()
+        self.tuning = tuning
         self.blas: dict[int, str] = {}  # the cuBLAS path each size's graph was captured with
-        self.gemv_mode = skinny.mode_from_env()
-        self.sum_here = sum_here_from_env()  # split-K GEMVs sum their slices themselves
-        self.fold_norms = skinny.fold_from_env()  # the norms folded into the GEMVs where they run
-        # per projection shape, the sizes whose graphs run the skinny GEMV, and its launch
-        self.gemv: dict[skinny.Shape, dict[int, Any]] = {}
+        self.gemv: dict[int, GemvPlan] = {}  # the sizes whose graphs run the skinny GEMV
 
-    def static_batch(self, bs: int) -> ForwardBatch:
+    def static_batch(self, bs: int, gemv: GemvPlan | None = None) -> ForwardBatch:
         return ForwardBatch(
             mode=ForwardMode.DECODE,
             input_ids=self.input_ids[:bs],
@@ -92,57 +80,58 @@ class GraphRunner:
             extend_lens=self.extend_lens[:bs],
             seq_lens_cpu=[0] * bs,
             extend_lens_cpu=[1] * bs,
+            gemv=gemv,
         )
 
     @torch.no_grad()
     def capture(self) -> None:
-        if self.blas_mode == "auto":
-            self.blas = choose(self.sizes, projection_timer(self.model, self.sizes[-1]))
+        mode = self.tuning.graph_blas
+        if mode == "auto":
+            self.blas = choose_blas(self.sizes, projection_timer(self.model, self.sizes[-1]))
         else:
-            self.blas = dict.fromkeys(self.sizes, self.blas_mode)
-        self.gemv = skinny.choose(self.model, self.sizes, self.gemv_mode, self.sum_here)
-        self.model.fold_norms = self.fold_norms
+            self.blas = dict.fromkeys(self.sizes, mode)
+        self.gemv = choose_gemv(self.model, self.sizes, self.tuning.gemv)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for bs in reversed(self.sizes):  # largest first: later graphs reuse its memory
-                self._capture_size(bs, stream)
-            if self.gemv_mode == "auto":
-                for bs in sorted({n for sizes in self.gemv.values() for n in sizes}):
+                self._capture_size(bs, self.gemv.get(bs), stream)
+            if self.tuning.gemv == "auto":
+                for bs in sorted(self.gemv):
                     self._keep_faster(bs, stream)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s (cuBLASLt at %s; the skinny "
                     "GEMV at %s)", self.sizes, [bs for bs, lib in self.blas.items()
-                                                if lib == "cublaslt"], self.gemv)  # fmt: skip
+                                                if lib == "cublaslt"], sorted(self.gemv))  # fmt: skip
 
-    def _capture_size(self, bs: int, stream: torch.cuda.Stream) -> None:
+    def _capture_size(self, bs: int, gemv: GemvPlan | None, stream: torch.cuda.Stream) -> None:
         for shared in reversed(self.attn.graph_variants()):
             with blas_library(self.blas[bs]):
-                self._capture(bs, shared, stream)
+                self._capture(bs, shared, gemv, stream)
 
     def _keep_faster(self, bs: int, stream: torch.cuda.Stream) -> None:
         """Capture size bs again with cuBLAS in place of the skinny GEMV and keep whichever
         step replays faster: the whole step decides (the GEMV folds SiLU-and-mul into the down
-        projection and may launch early, which no per-projection timing sees)."""
+        projection and launches as a programmatic dependent, which no per-projection timing
+        sees)."""
         with_gemv = {key: g for key, g in self.graphs.items() if key[0] == bs}
         gemv_us = self._replay_us(bs)
-        dropped = skinny.drop_size(self.model, bs)
-        self._capture_size(bs, stream)
+        self._capture_size(bs, None, stream)
         if gemv_us < self._replay_us(bs):
             self.graphs.update(with_gemv)
-            skinny.restore_size(dropped, bs)
         else:
-            for sizes in self.gemv.values():
-                sizes.pop(bs, None)
+            del self.gemv[bs]
 
     def _replay_us(self, bs: int) -> float:
         """Size bs's graph replayed as captured: padded rows, whose attention reads nothing and
         whose K/V go to the reserved slot."""
         return replay_us(self.graphs[bs, False], reps=7)
 
-    def _capture(self, bs: int, shared: bool, stream: torch.cuda.Stream) -> None:
-        fb = self.static_batch(bs)
+    def _capture(
+        self, bs: int, shared: bool, gemv: GemvPlan | None, stream: torch.cuda.Stream
+    ) -> None:
+        fb = self.static_batch(bs, gemv)
         self.attn.prepare_graph(fb, shared)
         for _ in range(2):  # compile kernels, settle allocations
             self.hidden[:bs] = self.model(fb, self.attn)

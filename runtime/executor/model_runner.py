@@ -62,7 +62,7 @@ class ModelRunner:
         logger.info("model loaded in %.1f s", time.perf_counter() - t0)
         self.fused = self.device.type == "cuda" and not config.disable_fused_kernels
         if self.fused:  # RMSNorm + residual, rotary, SiLU-and-mul, grammar masks as Triton kernels
-            self.model.use_kernels()
+            self.model.use_kernels(pdl=not config.tuning.disable_pdl)
 
         num_layers = hf_config.num_hidden_layers
         first = self.model.layers[0]
@@ -85,6 +85,7 @@ class ModelRunner:
             self.pool,
             self.req_to_token.table,
             self.page_size,
+            config.tuning,
         )
         if sliding_window_of(hf_config) is not None and not self.attn.supports_sliding_window:
             raise ValueError(
@@ -117,6 +118,7 @@ class ModelRunner:
                 self.dtype,
                 self.device,
                 pad_row=0,
+                tuning=config.tuning,
             )
             self.graphs.capture()
             logger.info("CUDA graphs captured in %.1f s", time.perf_counter() - t1)

@@ -13,7 +13,7 @@ from weft.runtime.ipc.channel import Endpoints
 
 def main() -> None:
     payload: dict[str, Any] = msgspec.json.decode(sys.stdin.buffer.read())
-    config = EngineConfig(**payload["config"])
+    config = EngineConfig.from_dict(payload["config"])
     ends = Endpoints(**payload["ends"])
     if payload["role"] == "scheduler":
         from weft.runtime.scheduler.scheduler import run_scheduler_process

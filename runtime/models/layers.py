@@ -5,84 +5,73 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from weft.runtime.executor.pdl import pdl_mode_from_env
+if TYPE_CHECKING:
+    from weft.kernels.skinny import GemvLaunch
+
+
+
+Shape = tuple[int, int, bool]  # a projection's (out features, in features, gated)
+
+
+@dataclass(frozen=True)
+class GemvPlan:
+    """Which projections of a forward run weft's skinny GEMV (CUDA), by weight shape, and with
+    which launch: a few rows read the weight once near copy speed, where cuBLAS falls short. The
+    decode graph runner times one per batch size before capture (runtime/executor/graph_tuning.py)
+    and hands it in with the batch (ForwardBatch.gemv); without one, cuBLAS runs them all."""
+
+    launches: Mapping[Shape, GemvLaunch]
 
 
 class Projection(nn.Linear):
-    """nn.Linear whose batches of the sizes in `gemv_launches` run weft's skinny GEMV (CUDA) with
-    that size's launch: a few rows read the weight once near copy speed, where cuBLAS falls
-    short. Before the decode graphs are captured, runtime/executor/skinny.py picks each weight shape's
-    launch and the graph runner keeps the sizes whose step replays faster with it; empty:
-    always cuBLAS. `gated`: the model calls it through forward_gated (a gated MLP's down
-    projection)."""
+    """nn.Linear that runs weft's skinny GEMV where a GemvPlan names its shape. `gated`: the
+    model calls it through forward_gated (a gated MLP's down projection)."""
 
     def __init__(
         self, in_features: int, out_features: int, bias: bool = False, gated: bool = False
     ) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.gated = gated
-        self.gemv_launches: dict[int, Any] = {}  # batch rows -> weft.kernels.GemvLaunch
         self.pdl = False  # the GEMV launches as a programmatic dependent (use_kernels)
 
-    def use_kernels(self) -> None:
-        self.pdl = pdl_mode_from_env() != "off"
+    @property
+    def shape(self) -> Shape:
+        return (self.out_features, self.in_features, self.gated)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        launch = self.gemv_launches.get(x.shape[0])
+    def use_kernels(self, pdl: bool) -> None:
+        self.pdl = pdl
+
+    def forward(self, x: torch.Tensor, gemv: GemvPlan | None = None) -> torch.Tensor:
+        launch = gemv.launches.get(self.shape) if gemv is not None else None
         if launch is not None:
-            from weft.kernels.skinny import gemv
+            from weft.kernels.skinny import gemv as skinny_gemv
 
-            return gemv(x, self.weight, self.bias, launch=launch, pdl=self.pdl)
+            return skinny_gemv(x, self.weight, self.bias, launch=launch, pdl=self.pdl)
         return F.linear(x, self.weight, self.bias)
 
-    def folds_norm(self, rows: int) -> bool:
-        """Whether batches of `rows` run the GEMV and it may fold an RMSNorm's add into its
-        epilogue (forward_add: its K splits, if any, summed in the GEMV)."""
-        launch = self.gemv_launches.get(rows)
-        return launch is not None and (launch.split_k == 1 or launch.sum_here)
-
-    def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual += self(x) (or, gated, self(silu_and_mul(x))) in place, as the GEMV's
-        epilogue (folds_norm(rows)); returns the new residual's squares per column tile, which
-        forward_normed takes to normalise it (the RMSNorm's launch folded away)."""
-        from weft.kernels.skinny import AddNorm, gemv, norm_tiles
-
-        launch = self.gemv_launches[x.shape[0]]
-        squares = torch.empty(x.shape[0], norm_tiles(self.out_features, launch),
-                              dtype=torch.float32, device=x.device)  # fmt: skip
-        gemv(x, self.weight, self.bias, silu_mul=self.gated, launch=launch, pdl=self.pdl,
-             add_norm=AddNorm(residual, squares))  # fmt: skip
-        return squares
-
-    def forward_normed(
-        self, residual: torch.Tensor, norm: RMSNorm, squares: torch.Tensor
-    ) -> torch.Tensor:
-        """self(norm(residual)) with the norm applied as the GEMV loads the residual, from the
-        squares of the forward_add that left it (the values `norm` would store)."""
-        from weft.kernels.skinny import NormedX, gemv
-
-        launch = self.gemv_launches[residual.shape[0]]
-        normed = NormedX(norm.weight, squares, norm.eps)
-        return gemv(residual, self.weight, self.bias, launch=launch, pdl=self.pdl, normed_x=normed)
-
     def forward_gated(
-        self, gate_up: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]
+        self,
+        gate_up: torch.Tensor,
+        act: Callable[[torch.Tensor], torch.Tensor],
+        gemv: GemvPlan | None = None,
     ) -> torch.Tensor:
         """self(act(gate_up)) for act = SiLU-and-mul; where the GEMV runs, the activation is
         computed inside it (as silu_and_mul's kernel rounds it), saving its launch."""
-        launch = self.gemv_launches.get(gate_up.shape[0])
+        launch = gemv.launches.get(self.shape) if gemv is not None else None
         if launch is not None:
-            from weft.kernels.skinny import gemv
+            from weft.kernels.skinny import gemv as skinny_gemv
 
-            return gemv(gate_up, self.weight, self.bias, silu_mul=True, launch=launch, pdl=self.pdl)
+            return skinny_gemv(gate_up, self.weight, self.bias, silu_mul=True, launch=launch,
+                               pdl=self.pdl)  # fmt: skip
         return F.linear(act(gate_up), self.weight, self.bias)
 
 
@@ -95,10 +84,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self._kernels: tuple[Callable[..., Any], Callable[..., Any]] | None = None
 
-    def use_kernels(self) -> None:
+    def use_kernels(self, pdl: bool) -> None:
         from weft.kernels.norm import fused_add_rmsnorm, rmsnorm
 
-        pdl = pdl_mode_from_env() != "off"
         self._kernels = (partial(rmsnorm, pdl=pdl), partial(fused_add_rmsnorm, pdl=pdl))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -194,7 +182,7 @@ class RotaryEmbedding(nn.Module):
 
         device = self.cos.device
         del self.cos, self.sin
-        self._rotate = partial(rotary_embedding, pdl=pdl_mode_from_env() == "all")
+        self._rotate = rotary_embedding
         self.build(device)
 
     @property

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -12,6 +11,7 @@ from torch import nn
 from weft.runtime.executor.attention.base import AttentionBackend
 from weft.runtime.executor.batch import ForwardBatch
 from weft.runtime.models.layers import (
+    GemvPlan,
     Projection,
     RMSNorm,
     RotaryEmbedding,
@@ -56,7 +56,10 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         # x: [T, hidden]
-        return self.tp.all_reduce(self.o_proj(self.attend(self.qkv_proj(x), batch, attn)))
+        gemv = batch.gemv
+        return self.tp.all_reduce(
+            self.o_proj(self.attend(self.qkv_proj(x, gemv), batch, attn), gemv)
+        )
 
     def attend(
         self, qkv: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend
@@ -93,8 +96,9 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = Projection(config.hidden_size, 2 * self.inter)
         self.down_proj = Projection(self.inter, config.hidden_size, gated=True)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj.forward_gated(self.gate_up_proj(x), self.act))
+    def forward(self, x: torch.Tensor, gemv: GemvPlan | None = None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x, gemv)
+        return self.tp.all_reduce(self.down_proj.forward_gated(gate_up, self.act, gemv))
 
     def use_kernels(self) -> None:
         from weft.kernels.activation import silu_and_mul as silu_and_mul_kernel
@@ -127,27 +131,7 @@ class LlamaDecoderLayer(nn.Module):
             x, residual = self.input_layernorm.add_forward(x, residual)
         x = self.self_attn(x, batch, attn)
         x, residual = self.post_attention_layernorm.add_forward(x, residual)
-        return self.mlp(x), residual
-
-    def forward_folded(
-        self,
-        h: torch.Tensor,
-        squares: torch.Tensor | None,
-        batch: ForwardBatch,
-        attn: AttentionBackend,
-    ) -> torch.Tensor:
-        """forward with each residual add folded into the projection before it and each norm
-        into the projection after it (LlamaForCausalLM.folds_norms): h, the residual stream with
-        every add done, is updated in place; returns its squares (Projection.forward_add), which
-        the next layer's input norm takes; `squares` None: h is the embedding, normed here."""
-        self_attn, mlp = self.self_attn, self.mlp
-        if squares is None:
-            qkv = self_attn.qkv_proj(self.input_layernorm(h))
-        else:
-            qkv = self_attn.qkv_proj.forward_normed(h, self.input_layernorm, squares)
-        squares = self_attn.o_proj.forward_add(self_attn.attend(qkv, batch, attn), h)
-        gate_up = mlp.gate_up_proj.forward_normed(h, self.post_attention_layernorm, squares)
-        return mlp.down_proj.forward_add(gate_up, h)
+        return self.mlp(x, batch.gemv), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -168,19 +152,10 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        # batches whose projections all run the skinny GEMV fold the norms into them (folds_norms;
-        # the graph runner sets it from WEFT_FOLD_NORM)
-        self.fold_norms = False
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Hidden states after the final norm: [T, hidden]."""
         x = self.embed_tokens(batch.input_ids)
-        if self.folds_norms(x.shape[0]):
-            squares: torch.Tensor | None = None
-            for layer in self.layers:
-                assert isinstance(layer, LlamaDecoderLayer)
-                squares = layer.forward_folded(x, squares, batch, attn)
-            return self.norm(x)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             x, residual = layer(x, residual, batch, attn)
@@ -188,25 +163,15 @@ class LlamaForCausalLM(nn.Module):
             return self.norm(x)
         return self.norm.add_forward(x, residual)[0]
 
-    def folds_norms(self, rows: int) -> bool:
-        """Whether a batch of `rows` runs its layers through forward_folded: with fold_norms, on
-        one rank, where every projection runs the skinny GEMV at that size (the graph runner's
-        pick) and the adds may go into its epilogue. The values are the unfolded forward's (up
-        to the float32 order of the norms' sums); two RMSNorm launches a layer fewer."""
-        if not (self.fold_norms and self.tp.size == 1 and len(self.layers)):
-            return False
-        return all(m.folds_norm(rows) for m in self._projections)
-
-    @functools.cached_property
-    def _projections(self) -> tuple[Projection, ...]:
-        return tuple(m for m in self.modules() if isinstance(m, Projection))
-
-    def use_kernels(self) -> None:
+    def use_kernels(self, pdl: bool = True) -> None:
         """Run RMSNorm (+ residual add), rotary embedding and SiLU-and-mul as weft's Triton
-        kernels (CUDA; on CPU only under TRITON_INTERPRET=1, for tests), the projections' GEMV
-        (where the decode graphs choose it) as a programmatic dependent."""
+        kernels (CUDA; on CPU only under TRITON_INTERPRET=1, for tests); with `pdl`, the norms
+        and the projections' GEMV (where a GemvPlan chooses it) launch as programmatic
+        dependents (sm_90+)."""
         for module in self.modules():
-            if isinstance(module, (RMSNorm, RotaryEmbedding, LlamaMLP, Projection)):
+            if isinstance(module, (RMSNorm, Projection)):
+                module.use_kernels(pdl)
+            elif isinstance(module, (RotaryEmbedding, LlamaMLP)):
                 module.use_kernels()
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

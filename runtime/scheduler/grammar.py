@@ -79,6 +79,7 @@ class GrammarQueue:
                     prefetch_forced=(
                         self.config.disable_jump_forward or self.config.resolved_overlap
                     ),
+                    mask_threads=self.config.tuning.grammar_mask_threads,
                 )
             except Exception as e:
                 logger.warning(

@@ -9,7 +9,6 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from weft.constrain import prefetch_batch
 from weft.radix import NoCache, PrefixCache, RadixCache
 from weft.runtime.config import EngineConfig
 from weft.runtime.executor.batch import Batch, ForwardMode
@@ -340,9 +339,7 @@ class Scheduler(RequestIntake):
     def finish_step(self, step: LaunchedStep) -> None:
         if step.hidden is not None:  # its sampling was deferred (process_results)
             self.runner.sample(step)
-        with prefetch_batch():  # the accepts' next masks: computed together when it closes
-            report = self._finish_reqs(step)
-        self.emit(report)
+        self.emit(self._finish_reqs(step))
 
     def _finish_reqs(self, step: LaunchedStep) -> list[Req]:
         """Add `step`'s tokens to its requests; the requests to report."""

@@ -7,6 +7,7 @@ import pytest
 import torch
 import transformers
 
+from weft.runtime.config import TuningConfig
 from weft.runtime.executor.attention import create_attention_backend
 from weft.runtime.executor.batch import ForwardBatch, ForwardMode
 from weft.runtime.executor.cuda_graph import GraphRunner
@@ -19,25 +20,23 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 @pytest.mark.parametrize(
     "backend, blas, gemv, pdl, b",
     [
-        ("triton", "auto", "auto", "on", 5),
-        ("triton", "cublaslt", "off", "on", 5),
-        ("flashinfer", "auto", "off", "on", 5),
-        ("flashinfer", "auto", "on", "on", 4),
-        ("triton", "auto", "on", "on", 3),
-        ("triton", "cublas", "on", "off", 1),
-        ("triton", "auto", "auto", "on", 1),
-        ("triton", "auto", "on", "all", 5),
+        ("triton", "auto", "auto", True, 5),
+        ("triton", "cublaslt", "off", True, 5),
+        ("flashinfer", "auto", "off", True, 5),
+        ("flashinfer", "auto", "on", True, 4),
+        ("triton", "auto", "on", True, 3),
+        ("triton", "cublas", "on", False, 1),
+        ("triton", "auto", "auto", True, 1),
     ],
 )
 def test_graph_replay_equals_eager_decode(
-    backend: str, blas: str, gemv: str, pdl: str, b: int, monkeypatch: pytest.MonkeyPatch
+    backend: str, blas: str, gemv: str, pdl: bool, b: int
 ) -> None:
     """(With every graph's GEMMs on cuBLASLt too, and on the path measured faster per size; with
     the skinny GEMV in the graphs of up to 16 rows, its launches and the RMSNorms' programmatic
-    dependents or not, or where the step replays faster with it.)"""
-    monkeypatch.setenv("WEFT_GRAPH_BLAS", blas)
-    monkeypatch.setenv("WEFT_GEMV", gemv)
-    monkeypatch.setenv("WEFT_PDL", pdl)
+    dependents or not, or where the step replays faster with it.) The model's modules are the
+    same after capture: each graph's choices travel with its batch."""
+    tuning = TuningConfig(graph_blas=blas, gemv=gemv, disable_pdl=not pdl)
     if backend == "flashinfer":
         pytest.importorskip("flashinfer")
     config = transformers.LlamaConfig(
@@ -47,7 +46,7 @@ def test_graph_replay_equals_eager_decode(
     )  # fmt: skip
     model = build_model(config, 2048, torch.device("cuda"), torch.bfloat16)
     init_dummy_weights(model, seed=0, std=0.05)
-    model.use_kernels()  # as the runner does on CUDA: Triton norms, rotary, SiLU-and-mul
+    model.use_kernels(pdl=pdl)  # as the runner does on CUDA: Triton norms, rotary, SiLU-and-mul
     pool = KVPool(16 * 1024, 2, 2, 128, torch.bfloat16, "cuda")
     table = ReqToTokenPool(8, 2048, "cuda")
     lens = [100, 7, 300, 64, 1][:b]
@@ -56,15 +55,19 @@ def test_graph_replay_equals_eager_decode(
     for layer in range(2):  # some KV for the prefix
         pool.k[layer].normal_()
         pool.v[layer].normal_()
-    attn = create_attention_backend(backend, "cuda", pool, table.table, 16)
-    graphs = GraphRunner(model, attn, 8, 512, torch.bfloat16, torch.device("cuda"), pad_row=0)
+    attn = create_attention_backend(backend, "cuda", pool, table.table, 16, tuning)
+    graphs = GraphRunner(model, attn, 8, 512, torch.bfloat16, torch.device("cuda"), pad_row=0,
+                         tuning=tuning)  # fmt: skip
+    before = {name: dict(vars(m)) for name, m in model.named_modules()}
     graphs.capture()
+    assert {name: dict(vars(m)) for name, m in model.named_modules()} == before
     assert set(graphs.blas) == set(graphs.sizes)
     assert blas == "auto" or set(graphs.blas.values()) == {blas}
     if gemv == "on":  # every projection shape, at every captured size the GEMV serves
-        assert len(graphs.gemv) == 4 and all(list(s) == [1, 2, 4, 8] for s in graphs.gemv.values())
+        assert sorted(graphs.gemv) == [1, 2, 4, 8]
+        assert all(len(plan.launches) == 4 for plan in graphs.gemv.values())
     if gemv == "off":
-        assert not any(graphs.gemv.values())
+        assert not graphs.gemv
     fb = ForwardBatch(
         mode=ForwardMode.DECODE,
         input_ids=torch.randint(0, 1024, (b,), device="cuda"),

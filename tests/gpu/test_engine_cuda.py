@@ -52,9 +52,7 @@ def test_fp32_cuda_greedy_equals_hf(random_llama: Path, unfused: bool) -> None:
         assert out["output_ids"] == ref[0, ids.shape[1] :].tolist(), prompt
 
 
-def test_bf16_backends_give_the_torch_backends_greedy_tokens(
-    random_llama_d64: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_bf16_backends_give_the_torch_backends_greedy_tokens(random_llama_d64: Path) -> None:
     """Every backend's greedy tokens equal the torch backend's, except where the torch backend's
     own top two tokens were a near-tie (bf16 kernels round differently): a divergence anywhere
     else is a bug, not rounding. Up to the first divergence, each chosen token's logprob is the
@@ -63,8 +61,8 @@ def test_bf16_backends_give_the_torch_backends_greedy_tokens(
     NOTE: no limit on how many prompts diverge: this model's bf16 logits tie exactly at many
     steps (its logprobs move in steps of 2^-7), so any change of rounding flips some. With the
     skinny GEMV (batch 12 decodes) 3 of 12 prompts diverged, at top-2 gaps of 0, 0 and 0.0078,
-    and the chosen logprobs before that were within 0.0078; with WEFT_GEMV=off, whose cuBLAS
-    GEMMs round as the torch backend's do, none did (H200, twenty-first session)."""
+    and the chosen logprobs before that were within 0.0078; with the GEMV off (tuning), whose
+    cuBLAS GEMMs round as the torch backend's do, none did (H200)."""
     import importlib.util
 
     prompts = [f"w{i} w{3 * i + 1} w{7 * i + 2} w{i * i % 4000}" for i in range(1, 13)]
@@ -73,7 +71,7 @@ def test_bf16_backends_give_the_torch_backends_greedy_tokens(
         {"attention_backend": "triton"},
         {"attention_backend": "triton", "overlap_schedule": "off"},
         {"attention_backend": "triton", "disable_cuda_graph": True},
-        {"attention_backend": "triton", "WEFT_FOLD_NORM": "on"},  # the norms in the GEMVs
+        {"attention_backend": "triton", "tuning": {"gemv": "off", "disable_pdl": True}},
     ]
     if importlib.util.find_spec("flashinfer") is not None:
         variants += [
@@ -86,12 +84,8 @@ def test_bf16_backends_give_the_torch_backends_greedy_tokens(
     gaps = [[top[0][0] - top[1][0] for top in o["meta_info"]["output_top_logprobs"]] for o in ref]
     failures = []
     for kwargs in variants:
-        with monkeypatch.context() as env:  # WEFT_* keys: the scheduler's environment
-            for key in [k for k in kwargs if k.startswith("WEFT_")]:
-                env.setenv(key, kwargs[key])
-            args = {k: v for k, v in kwargs.items() if not k.startswith("WEFT_")}
-            with weft.Engine(str(random_llama_d64), device="cuda", page_size=16, **args) as eng:
-                runs = eng.generate(prompts, params, return_logprob=True, top_logprobs_num=2)
+        with weft.Engine(str(random_llama_d64), device="cuda", page_size=16, **kwargs) as eng:
+            runs = eng.generate(prompts, params, return_logprob=True, top_logprobs_num=2)
         diverged = {}  # prompt -> (first differing position, the torch backend's top-2 gap there)
         noise = 0.0  # the largest chosen-token logprob difference before any divergence
         for p, (run, want) in enumerate(zip(runs, ref, strict=True)):

@@ -45,9 +45,8 @@ class HeldWorker(MaskWorker):
 
 
 @pytest.fixture
-def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldWorker]:
+def held() -> Iterator[HeldWorker]:
     worker = HeldWorker()
-    monkeypatch.setattr(llguidance_prefetch, "MASK_WORKER", worker)
     yield worker
     worker.go.set()  # let queued jobs finish: they hold matchers
 
@@ -72,9 +71,15 @@ def fill_bound(m: GrammarMatcher, bitmask: torch.Tensor, slot: int) -> torch.Ten
     return bitmask[slot].clone()
 
 
-def json_matchers(schema: Any = SCHEMA) -> tuple[GrammarMatcher, GrammarMatcher]:
+def json_matchers(
+    schema: Any = SCHEMA, worker: MaskWorker | None = None
+) -> tuple[GrammarMatcher, GrammarMatcher]:
+    """(a prefetching matcher, on `worker` if given; the synchronous one)."""
     spec = GrammarSpec.json_schema(schema)
-    return backend("llguidance").compile(spec).matcher(), sync_backend().compile(spec).matcher()
+    fast = backend("llguidance")
+    if worker is not None:
+        fast._prefetch = (worker, False)  # type: ignore[attr-defined]
+    return fast.compile(spec).matcher(), sync_backend().compile(spec).matcher()
 
 
 def test_in_place_masks_equal_the_copied_ones_over_a_schema_walk(caller_copies: list[int]) -> None:
@@ -125,7 +130,7 @@ def test_release_stops_a_prefetch_in_flight_from_writing_the_row(held: HeldWorke
     whose mask is written on the caller's thread: the stale job must not overwrite it, and
     release must not wait for the job. Without release() the job does (checked last)."""
     held.go.set()  # the first masks (prefetched at creation) are computed
-    a, b = json_matchers()
+    a, b = json_matchers(worker=held)
     bitmask = allocate_bitmask(SLOTS, VOCAB)
     fill_bound(a, bitmask, 3)
     held.go.clear()
@@ -142,7 +147,7 @@ def test_release_stops_a_prefetch_in_flight_from_writing_the_row(held: HeldWorke
     assert torch.equal(bitmask[3], theirs), "a released matcher's job wrote the row"
     assert torch.equal(row(a), row(b)), "its mask was kept (for a retracted request)"
     # the control: without release, the job writes the row
-    c, _ = json_matchers()
+    c, _ = json_matchers(worker=held)
     fill_bound(c, bitmask, 3)
     held.go.clear()
     assert c.accept_token(encode("{")[0]) and c._job is not None  # type: ignore[attr-defined]

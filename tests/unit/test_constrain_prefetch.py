@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -148,32 +149,9 @@ def test_prefetch_forced_prefetches_forced_states_with_the_same_masks() -> None:
         assert forced_states > 0
 
 
-def lock_step_pairs(n: int) -> tuple[list[tuple[GrammarMatcher, GrammarMatcher]], list[list[int]]]:
-    """Up to n (prefetching, synchronous) matcher pairs over corpus entries, with their tokens."""
-    pairs, ids = [], []
-    for spec, texts in corpus()[:n]:
-        try:
-            fast, slow = backend("llguidance").compile(spec), sync_backend().compile(spec)
-        except GrammarError:
-            continue
-        pairs.append((fast.matcher(), slow.matcher()))
-        ids.append([*encode(texts[0]), STOP])
-    return pairs, ids
-
-
-@pytest.fixture
-def batching(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Step batches on (opt-in in the runtime)."""
-    from weft.constrain.llguidance_prefetch import MASK_WORKER
-
-    monkeypatch.setattr(MASK_WORKER, "batching", True)
-
-
-def walk_in_step_batches(pairs: list, ids: list[list[int]]) -> int:
-    """Each step: every matcher's fill checked against the synchronous one, then all accepts
-    inside one prefetch_batch (as the scheduler's finish_step does); the steps walked."""
-    from weft.constrain import prefetch_batch
-
+def walk_in_steps(pairs: list, ids: list[list[int]]) -> int:
+    """Each step: every matcher's fill checked against the synchronous one, then every accept
+    (as the scheduler's finish_step does them); the steps walked."""
     steps = 0
     for t in range(max(map(len, ids))):
         live = [(a, b, tokens[t]) for (a, b), tokens in zip(pairs, ids, strict=True)
@@ -184,137 +162,45 @@ def walk_in_step_batches(pairs: list, ids: list[list[int]]) -> int:
             assert torch.equal(mask, row(b)), (t, token)
             steps += 1
             ok.append(allowed(mask[None], token))
-        with prefetch_batch():
-            for (a, b, token), fine in zip(live, ok, strict=True):
-                if fine:
-                    assert a.accept_token(token) and b.accept_token(token)
+        for (a, b, token), fine in zip(live, ok, strict=True):
+            if fine:
+                assert a.accept_token(token) and b.accept_token(token)
     return steps
 
 
-def test_a_step_batch_computes_its_masks_together(batching: None) -> None:
-    """Accepts inside prefetch_batch() hand their masks over only when it closes, as one batch
-    computed in parallel: every mask equals the synchronous backend's."""
-    from weft.constrain.llguidance_prefetch import MASK_WORKER
-
-    pairs, ids = lock_step_pairs(40)
-    assert len(pairs) >= 30
-    together = MASK_WORKER._run_together
-    sizes: list[int] = []
-
-    def spy(items: list) -> None:
-        sizes.append(len(items))
-        together(items)
-
-    MASK_WORKER._run_together = spy  # type: ignore[method-assign]
-    try:
-        # the new matchers' first masks were queued one by one: wait for them (they come after
-        # any job still queued by an earlier test), so the queue holds nothing when we look
-        for a, _ in pairs:
-            row(a)
-        with_batch = MASK_WORKER.batch()
-        with with_batch:
-            a, _ = pairs[0]
-            assert a.accept_token(ids[0][0])
-            assert MASK_WORKER._jobs.empty(), "handed over before the batch closed"
-        row(a)  # joins the one-job batch
-        pairs, ids = lock_step_pairs(40)
-        steps = walk_in_step_batches(pairs, ids)
-    finally:
-        del MASK_WORKER._run_together
-    assert steps > 300 and max(sizes) >= 20, (steps, sizes)
-
-
-def test_a_failing_parallel_compute_falls_back_to_one_by_one(
-    batching: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """If the library's parallel call raises, each mask is computed alone: still identical."""
-    from weft.constrain.llguidance_prefetch import MASK_WORKER
-
-    class Broken:
-        def unsafe_compute_mask_ptr(self, *args: object) -> None:
-            raise RuntimeError("executor down")
-
-    monkeypatch.setattr(MASK_WORKER, "_executor", Broken())
-    pairs, ids = lock_step_pairs(12)
-    assert walk_in_step_batches(pairs, ids) > 100
-
-
-def test_a_batch_holds_only_its_own_threads_jobs(batching: None) -> None:
-    """A prefetch another thread starts while a batch is open goes to the worker at once."""
+def test_several_worker_threads_give_the_same_masks() -> None:
+    """With 3 worker threads on one queue (tuning.grammar_mask_threads) every mask still equals
+    the synchronous backend's, and jobs ran on more than one thread."""
     import threading
 
-    from weft.constrain.llguidance_prefetch import MASK_WORKER
-
-    spec = GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})
-    a = backend("llguidance").compile(spec).matcher()
-    b = sync_backend().compile(spec).matcher()
-    token = encode("{")[0]
-    accepted: list[bool] = []
-    with MASK_WORKER.batch():
-        other = threading.Thread(target=lambda: accepted.append(a.accept_token(token)))
-        other.start()
-        other.join()
-        assert accepted == [True] and MASK_WORKER._held == []  # not held by this batch
-        assert a._job is not None and a._job.done.acquire(timeout=10)  # type: ignore[attr-defined]
-        a._job.done.release()  # type: ignore[attr-defined]
-        assert b.accept_token(token) and torch.equal(row(a), row(b))
-
-
-def test_without_batching_a_batch_changes_nothing() -> None:
-    """The default: prefetches inside prefetch_batch() start at once, one by one."""
-    from weft.constrain import prefetch_batch
-    from weft.constrain.llguidance_prefetch import MASK_WORKER
-
-    assert not MASK_WORKER.batching
-    pairs, ids = lock_step_pairs(12)
-    with prefetch_batch():
-        assert MASK_WORKER._held is None
-    assert walk_in_step_batches(pairs, ids) > 100
-
-
-def test_several_worker_threads_give_the_same_masks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With 3 worker threads on one queue (WEFT_MASK_THREADS) every mask still equals the
-    synchronous backend's, and jobs ran on more than one thread."""
-    import threading
-
-    from weft.constrain import llguidance_prefetch
-
-    worker = llguidance_prefetch.MaskWorker()
-    worker.num_workers = 3
-    monkeypatch.setattr(llguidance_prefetch, "MASK_WORKER", worker)
+    fast = create_grammar_backend("llguidance", tokenizer(), VOCAB, [STOP], mask_threads=3)
+    worker = fast._prefetch[0]  # type: ignore[attr-defined]
+    assert worker.num_workers == 3
     threads: set[str] = set()
-    put = worker._put
+    submit = worker.submit
 
-    def spy(items: list) -> None:
-        finish = items[0][2]
-
+    def spy(matcher: object, out: object, finish: Callable[[int], None]) -> object:
         def traced(address: int) -> None:
             threads.add(threading.current_thread().name)
             finish(address)
 
-        put([(items[0][0], items[0][1], traced, items[0][3])])
+        return submit(matcher, out, traced)
 
-    worker._put = spy  # type: ignore[method-assign]
-    pairs, ids = lock_step_pairs(40)
-    assert walk_in_step_batches(pairs, ids) > 300
+    worker.submit = spy
+    pairs, ids = [], []
+    for spec, texts in corpus()[:40]:
+        try:
+            pairs.append((fast.compile(spec).matcher(), sync_backend().compile(spec).matcher()))
+        except GrammarError:
+            continue
+        ids.append([*encode(texts[0]), STOP])
+    assert walk_in_steps(pairs, ids) > 300
     assert len(threads) > 1, threads
 
 
-@pytest.mark.parametrize(
-    "name, value, message",
-    [
-        ("WEFT_MASK_THREADS", "two", "WEFT_MASK_THREADS must be a thread count"),
-        ("WEFT_MASK_BATCH", "yes", "WEFT_MASK_BATCH must be 0 or 1"),
-    ],
-)
-def test_bad_worker_switches_are_refused_by_name(
-    name: str, value: str, message: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_bad_thread_count_is_refused() -> None:
     from weft.constrain import llguidance_prefetch
 
-    monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match=message):
-        llguidance_prefetch.MaskWorker()
-    monkeypatch.setenv(name, {"WEFT_MASK_THREADS": "2", "WEFT_MASK_BATCH": "1"}[name])
-    worker = llguidance_prefetch.MaskWorker()
-    assert worker.num_workers == 2 if name == "WEFT_MASK_THREADS" else worker.batching
+    with pytest.raises(ValueError, match="num_workers must be >= 1, got 0"):
+        llguidance_prefetch.MaskWorker(0)
+    assert llguidance_prefetch.MaskWorker().num_workers == llguidance_prefetch.default_workers()

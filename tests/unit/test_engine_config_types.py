@@ -36,7 +36,7 @@ def test_right_types_pass_and_paths_become_strings(tmp_path: Path) -> None:
     )  # fmt: skip
     assert config.model == str(tmp_path) and config.cache_dir == str(tmp_path / "cache")
     assert config.grammar_timeout == 5  # an int where a float is expected is fine
-    assert EngineConfig(**config.to_dict()) == config  # the child processes' round trip
+    assert EngineConfig.from_dict(config.to_dict()) == config  # the child processes' round trip
 
 
 def test_the_command_line_gives_each_field_its_type() -> None:
@@ -54,3 +54,38 @@ def test_the_command_line_gives_each_field_its_type() -> None:
     assert config.mem_fraction == 0.5 and config.grammar_timeout == 3.0
     assert config.enable_mixed_chunk and not config.disable_radix_cache
     assert EngineConfig.from_kwargs(**cli._engine_kwargs(parser.parse_args([]))) == EngineConfig()
+
+
+@pytest.mark.parametrize(
+    "tuning, message",
+    [
+        ({"gemv": "always"}, "gemv must be 'auto', 'on' or 'off', got 'always'"),
+        ({"graph_blas": "lt"}, "graph_blas must be 'auto', 'cublas' or 'cublaslt'"),
+        ({"extend_work": "1"}, "extend_work must be 'auto', 'on' or 'off'"),
+        ({"disable_pdl": "yes"}, "disable_pdl must be true or false"),
+        ({"grammar_mask_threads": 0}, "grammar_mask_threads must be >= 1, got 0"),
+        ({"fold_norms": True}, "unknown tuning option\\(s\\): fold_norms"),
+    ],
+)
+def test_a_bad_tuning_value_is_refused_by_name(tuning: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig.from_kwargs(device="cpu", tuning=tuning)
+
+
+def test_tuning_comes_from_a_dict_the_command_line_and_the_child_payload() -> None:
+    import argparse
+
+    from weft import cli
+    from weft.runtime.config import TuningConfig
+
+    config = EngineConfig.from_kwargs(device="cpu", tuning={"gemv": "off", "disable_pdl": True})
+    assert config.tuning == TuningConfig(gemv="off", disable_pdl=True)
+    assert EngineConfig.from_dict(config.to_dict()) == config
+    parser = argparse.ArgumentParser()
+    cli._add_engine_options(parser)
+    argv = ["--graph-blas", "cublaslt", "--grammar-mask-threads", "2", "--disable-pdl"]
+    flags = EngineConfig.from_kwargs(**cli._engine_kwargs(parser.parse_args(argv)))
+    assert flags.tuning == TuningConfig(graph_blas="cublaslt", grammar_mask_threads=2,
+                                        disable_pdl=True)  # fmt: skip
+    with pytest.raises(ValueError, match="tuning must be TuningConfig"):
+        EngineConfig(tuning={"gemv": "off"})  # type: ignore[arg-type]

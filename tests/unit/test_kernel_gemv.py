@@ -46,27 +46,29 @@ def test_gemv(
 def test_split_k_summed_by_the_last_program_equals_the_sum_launch(
     case: tuple, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Split K summed by each tile's last program to arrive (sum_here, the default; no second
-    launch) against one more launch doing the sum: the same bits, and the arrival counters are
-    zeros again after."""
-    from weft.kernels.arrivals import arrival_counters
+    """Split K summed by each tile's last program to arrive (no second launch) against one more
+    launch doing the sum (what runs where no arrival counters are at hand): the same bits, and
+    the arrival counters are zeros again after."""
 
     rows, n, k, dtype, bias, silu_mul, launch = case
     x = torch.randn(rows, (2 if silu_mul else 1) * k).to(dtype)
     weight = (torch.randn(n, k) / k**0.5).to(dtype)
     b = torch.randn(n).to(dtype) if bias else None
-    sum_launch = wk.skinny._split_sum_kernel
+    sum_launch, counters_of = wk.skinny._split_sum_kernel, wk.skinny.arrival_counters
     outs = []
-    for sum_here in (True, False):
-        # sum_here must not launch the sum kernel
-        monkeypatch.setattr(wk.skinny, "_split_sum_kernel", None if sum_here else sum_launch)
+    for summed_here in (True, False):
+        if summed_here:  # must not launch the sum kernel
+            monkeypatch.setattr(wk.skinny, "_split_sum_kernel", None)
+        else:  # no counters: the sum kernel's launch
+            monkeypatch.setattr(wk.skinny, "_split_sum_kernel", sum_launch)
+            monkeypatch.setattr(wk.skinny, "arrival_counters", lambda *args: None)
         out = torch.full((rows, n), NAN, dtype=dtype)
-        wk.gemv(x, weight, b, silu_mul=silu_mul, out=out,
-                launch=wk.GemvLaunch(*launch, sum_here=sum_here))  # fmt: skip
+        wk.gemv(x, weight, b, silu_mul=silu_mul, out=out, launch=wk.GemvLaunch(*launch))
         outs.append(out)
+    monkeypatch.setattr(wk.skinny, "arrival_counters", counters_of)
     assert_close(outs[0], ref.gemv_ref(x, weight, b, silu_mul), TOL[dtype])
     assert torch.equal(outs[0], outs[1])
-    counters = arrival_counters(torch.device("cpu"), "gemv", 1)
+    counters = wk.arrivals.arrival_counters(torch.device("cpu"), "gemv", 1)
     assert counters is not None and not counters.any()
 
 

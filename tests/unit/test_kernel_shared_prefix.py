@@ -179,10 +179,8 @@ def check(batch: Batch, splits: int, dtype: torch.dtype, **kwargs: Any) -> None:
     pool = (batch.k_buffer, batch.v_buffer)
     scale = batch.q.shape[2] ** -0.5
     cascade = (batch.cascade_table, batch.rows, batch.seq_lens)
-    wk.decode_attention(
-        batch.q, *pool, *cascade, out, scale, splits,
-        kv_starts=batch.kv_starts, shared=batch.shared, **kwargs,
-    )  # fmt: skip
+    plan = wk.DecodePlan(splits, kv_starts=batch.kv_starts, shared=batch.shared, **kwargs)
+    wk.decode_attention(batch.q, *pool, *cascade, out, scale, plan)
     live = (batch.seq_lens > 0).nonzero().flatten()
     padded = (batch.seq_lens == 0).nonzero().flatten()
     assert torch.equal(out[padded], torch.zeros_like(out[padded]))
@@ -191,8 +189,8 @@ def check(batch: Batch, splits: int, dtype: torch.dtype, **kwargs: Any) -> None:
         out[live], ref.decode_attention_ref(batch.q[live], *pool, *full, scale), TOL[dtype]
     )
     plain = torch.full(batch.q.shape, NAN, dtype=dtype)
-    args = (batch.table, batch.rows, batch.seq_lens, plain, scale, splits)
-    wk.decode_attention(batch.q, *pool, *args, block_n=kwargs.get("block_n"))
+    args = (batch.table, batch.rows, batch.seq_lens, plain, scale)
+    wk.decode_attention(batch.q, *pool, *args, wk.DecodePlan(splits, block_n=kwargs.get("block_n")))
     assert_close(out[live], plain[live].float(), TOL[dtype])
 
 
@@ -259,9 +257,11 @@ def test_invalid_arguments() -> None:
     out = torch.empty(batch.q.shape)
     args = (batch.q, batch.k_buffer, batch.v_buffer, batch.table, batch.rows, batch.seq_lens, out)
     with pytest.raises(ValueError, match="together"):
-        wk.decode_attention(*args, 0.1, 2, kv_starts=batch.kv_starts)
+        wk.DecodePlan(2, kv_starts=batch.kv_starts)
     with pytest.raises(ValueError, match="together"):
-        wk.decode_attention(*args, 0.1, 2, shared=batch.shared)
+        wk.DecodePlan(2, shared=batch.shared)
+    with pytest.raises(ValueError, match="num_kv_splits"):
+        wk.DecodePlan(0)
     shared = batch.shared
     members, rows, lens = shared.block_members, shared.block_rows, shared.block_lens
     with pytest.raises(ValueError, match="block_members"):
@@ -276,7 +276,8 @@ def test_invalid_arguments() -> None:
         wk.SharedPrefix(members, rows, lens, 1, block_n=8)
     narrow = (torch.empty(7, 4, 3, 32), torch.empty(7, 4, 3))  # 2 + 2 columns needed
     with pytest.raises(AssertionError):
-        wk.decode_attention(*args, 0.1, 2, narrow, kv_starts=batch.kv_starts, shared=shared)
+        plan = wk.DecodePlan(2, partials=narrow, kv_starts=batch.kv_starts, shared=shared)
+        wk.decode_attention(*args, 0.1, plan)
 
 
 @interpreted

@@ -212,7 +212,7 @@ def test_decode_attention(
     seq_lens = torch.tensor(lens)
     out = torch.full((bsz, heads, dim), NAN, dtype=dtype)
     args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, seq_lens)
-    wk.decode_attention(q, *args, out, dim**-0.5, splits, block_n=block_n)
+    wk.decode_attention(q, *args, out, dim**-0.5, wk.DecodePlan(splits, block_n=block_n))
     assert_close(out, ref.decode_attention_ref(q, *args, dim**-0.5), TOL[dtype])
 
 
@@ -221,10 +221,9 @@ def test_decode_attention(
 def test_decode_splits_merged_by_the_last_to_arrive_equal_the_reduce_launch(
     case: tuple, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """sum_here (the default): the last split program of each (request, kv head) merges the
-    group's partial results, and no reduce kernel is launched; the same output as the reduce
-    launch (sum_here=False), and the arrival counters are zeros again after."""
-    from weft.kernels.arrivals import arrival_counters
+    """The last split program of each (request, kv head) merges the group's partial results,
+    and no reduce kernel is launched: the same output as the reduce launch (forced here with a
+    merge limit of 0), and the arrival counters are zeros again after."""
 
     heads, hkv, dim, page, splits, dtype, lens, block_n = case
     pool = make_pool(lens + [0], lens + [0], page, hkv, dim, dtype)  # + a padded row
@@ -239,14 +238,18 @@ def test_decode_splits_merged_by_the_last_to_arrive_equal_the_reduce_launch(
     )
     reduce_kernel = wk.decode._decode_reduce_kernel
     outs = []
-    for sum_here in (True, False):
-        monkeypatch.setattr(wk.decode, "_decode_reduce_kernel", None if sum_here else reduce_kernel)
+    for merged_here in (True, False):
+        if merged_here:
+            monkeypatch.setattr(wk.decode, "_decode_reduce_kernel", None)
+        else:
+            monkeypatch.setattr(wk.decode, "_decode_reduce_kernel", reduce_kernel)
+            monkeypatch.setattr(wk.decode, "MERGE_MAX_SPLITS", 0)
         out = torch.full((bsz, heads, dim), NAN, dtype=dtype)
-        outs.append(wk.decode_attention(q, *args, out, dim**-0.5, splits, block_n=block_n,
-                                        sum_here=sum_here))  # fmt: skip
+        plan = wk.DecodePlan(splits, block_n=block_n)
+        outs.append(wk.decode_attention(q, *args, out, dim**-0.5, plan))
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(outs[0][-1], torch.zeros(heads, dim, dtype=dtype))
-    counters = arrival_counters(torch.device("cpu"), "decode", 1)
+    counters = wk.arrivals.arrival_counters(torch.device("cpu"), "decode", 1)
     assert counters is not None and not counters.any()
 
 
@@ -254,7 +257,7 @@ def test_decode_splits_merged_by_the_last_to_arrive_equal_the_reduce_launch(
 def test_more_splits_than_the_merge_holds_take_the_reduce_launch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """sum_here merges at most MERGE_MAX_SPLITS splits in the split kernel (more would spill);
+    """The split kernel merges at most MERGE_MAX_SPLITS splits itself (more would spill);
     beyond that the reduce kernel is launched, and the output is still right."""
     pool = make_pool([40, 7], [40, 7], 16, 1, 32, torch.float16)
     q = torch.randn(2, 4, 32).to(torch.float16)
@@ -271,7 +274,7 @@ def test_more_splits_than_the_merge_holds_take_the_reduce_launch(
     monkeypatch.setattr(wk.decode, "_decode_reduce_kernel", Counted())
     for n in (splits, 2 * splits):
         out = torch.full_like(q, NAN)
-        wk.decode_attention(q, *args, out, 0.125, n, block_n=16)
+        wk.decode_attention(q, *args, out, 0.125, wk.DecodePlan(n, block_n=16))
         assert_close(out, ref.decode_attention_ref(q, *args, 0.125), TOL[torch.float16])
     assert launches == [(2, 4)]  # the reduce ran for 2 * MERGE_MAX_SPLITS splits only
 
@@ -288,7 +291,7 @@ def test_decode_attention_workspace_padded_rows_int32(splits: int) -> None:
     partials = (torch.full((6, 8, 5, 64), NAN), torch.full((6, 8, 5), NAN))
     out = torch.full((4, 8, 64), NAN)
     args = (pool.k_buffer, pool.v_buffer, table, rows, seq_lens)
-    wk.decode_attention(q, *args, out, 0.1, splits, partials=partials, block_n=16)
+    wk.decode_attention(q, *args, out, 0.1, wk.DecodePlan(splits, partials=partials, block_n=16))
     assert torch.equal(out[[0, 2]], torch.zeros(2, 8, 64))
     live = torch.tensor([1, 3])
     pool_args = (pool.k_buffer, pool.v_buffer, table, rows[live], seq_lens[live])
@@ -315,11 +318,25 @@ def test_decode_attention_rotates_and_stores_the_new_token(splits: int, dtype: t
     wk.rotary_embedding(positions, q_rot, k_rot, cache)
     k_pool[loc[live]], v_pool[loc[live]] = k_rot[live], v[live]
     table = (pool.req_to_token, pool.req_rows, seq_lens)
-    want = wk.decode_attention(q_rot, k_pool, v_pool, *table, torch.full_like(q, NAN), 0.125,
-                               splits, block_n=16)  # fmt: skip
+    want = wk.decode_attention(
+        q_rot,
+        k_pool,
+        v_pool,
+        *table,
+        torch.full_like(q, NAN),
+        0.125,
+        wk.DecodePlan(splits, block_n=16),
+    )
     rope = wk.DecodeRope(positions, cache, k, v, loc)
-    got = wk.decode_attention(q, pool.k_buffer, pool.v_buffer, *table, torch.full_like(q, NAN),
-                              0.125, splits, block_n=16, rope=rope)  # fmt: skip
+    got = wk.decode_attention(
+        q,
+        pool.k_buffer,
+        pool.v_buffer,
+        *table,
+        torch.full_like(q, NAN),
+        0.125,
+        wk.DecodePlan(splits, block_n=16, rope=rope),
+    )
     assert_close(got, want, TOL[dtype])
     assert torch.equal(pool.k_buffer[loc[live]], k_pool[loc[live]])
     assert torch.equal(pool.v_buffer[loc[live]], v_pool[loc[live]])
@@ -337,8 +354,13 @@ def test_decode_attention_refuses_rope_with_a_shared_prefix() -> None:
     rope = wk.DecodeRope(torch.tensor([7]), cache, k, k.clone(), torch.tensor([7]))
     args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, torch.tensor([8]))
     with pytest.raises(ValueError, match="rope cannot go with shared"):
-        wk.decode_attention(q, *args, torch.empty_like(q), 0.1, 2, kv_starts=zeros, shared=shared,
-                            rope=rope)  # fmt: skip
+        wk.decode_attention(
+            q,
+            *args,
+            torch.empty_like(q),
+            0.1,
+            wk.DecodePlan(2, kv_starts=zeros, shared=shared, rope=rope),
+        )
 
 
 # us per decode call in CUDA graphs at kv 2048, bf16, 32 q / 8 kv heads, by split count, on the
@@ -541,7 +563,7 @@ def test_attention_reads_an_fp8_pool(q_dtype: torch.dtype) -> None:
     q = torch.randn(3, 8, 64).to(q_dtype)
     out = torch.full((3, 8, 64), NAN, dtype=q_dtype)
     args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, torch.tensor(lens))
-    wk.decode_attention(q, *args, out, 0.125, 2, block_n=16)
+    wk.decode_attention(q, *args, out, 0.125, wk.DecodePlan(2, block_n=16))
     assert_close(out, ref.decode_attention_ref(q, *args, 0.125), TOL[q_dtype])
     if q_dtype == torch.bfloat16:
         # NOTE: decode and extend's prefix take an fp8 pool's dots in float16 (FP16_DOTS),
@@ -572,7 +594,9 @@ def test_fp8_v_staging_is_cuda_only() -> None:
     q = torch.randn(2, 8, 64, dtype=torch.float16)
     args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, torch.tensor(lens))
     with pytest.raises(ValueError, match="fp8_v_staged needs an fp8 pool, a 16-bit q, CUDA"):
-        wk.decode_attention(q, *args, torch.empty_like(q), 0.125, 2, fp8_v_staged=True)
+        wk.decode_attention(
+            q, *args, torch.empty_like(q), 0.125, wk.DecodePlan(2, fp8_v_staged=True)
+        )
 
 
 @interpreted

@@ -60,6 +60,7 @@ def test_mixed_steps_give_the_unmixed_outputs(
 CHILD = r"""
 import json, os, sys
 import torch
+from weft.runtime.config import TuningConfig
 from weft.runtime.executor.attention import _REGISTRY
 from weft.runtime.executor.batch import ForwardBatch, ForwardMode
 from weft.runtime.executor.memory import KVPool, PageAllocator, ReqToTokenPool
@@ -82,7 +83,8 @@ for backend in ("torch", "triton"):
         slots = table.table[row, :cached]
         pool.k[0][slots] = torch.randn(cached, hkv, dim)
         pool.v[0][slots] = torch.randn(cached, hkv, dim)
-    attn = _REGISTRY[backend](pool, table.table, page)  # (the registry's name check wants CUDA)
+    tuning = TuningConfig(extend_work=sys.argv[2])
+    attn = _REGISTRY[backend](pool, table.table, page, tuning)  # (its name check wants CUDA)
     ext = [e - s for s, e in lens]
     seq = [e for _, e in lens]
     t = sum(ext)
@@ -105,12 +107,12 @@ print("RESULT " + json.dumps({"err": err, "split": split, "work": listed}))
 """
 
 
-@pytest.mark.parametrize("work", ["0", "1"], ids=["grid", "work-list"])
+@pytest.mark.parametrize("work", ["off", "on"], ids=["grid", "work-list"])
 def test_triton_backend_splits_a_mixed_batch(work: str) -> None:
-    """Its prefills run the extend kernel over the full grid or a work list (WEFT_EXTEND_WORK)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "WEFT_EXTEND_WORK": work}
+    """Its prefills run the extend kernel over the full grid or a work list (tuning.extend_work)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(HERE)], env=env, capture_output=True, text=True,
+        [sys.executable, "-c", CHILD, str(HERE), work], env=env, capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -118,31 +120,26 @@ def test_triton_backend_splits_a_mixed_batch(work: str) -> None:
     result = json.loads(lines[-1].removeprefix("RESULT "))
     assert result["split"] == [2, 16], result  # the 2 prefills (9 + 7 tokens), then 3 decodes
     # fp32 tiles of 32 tokens: one block each, the one with more keys (5 + 7) first
-    assert result["work"] == (None if work == "0" else [[1, 0], [0, 0]]), result
+    assert result["work"] == (None if work == "off" else [[1, 0], [0, 0]]), result
     assert result["err"] < 1e-4, result
 
 
-def test_triton_backend_takes_the_work_list_by_default_on_an_fp8_pool(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_triton_backend_takes_the_work_list_by_default_on_an_fp8_pool() -> None:
     """The work list is the default where it was measured to win (an fp8 pool), the grid over
-    16-bit pools; WEFT_EXTEND_WORK forces either, and a bad value is refused."""
+    16-bit pools; tuning.extend_work forces either, and a bad value is refused."""
     pytest.importorskip("triton")
     import torch
 
     from weft.runtime.executor.attention.triton_backend import TritonAttentionBackend
     from weft.runtime.executor.memory import FP8_KV, KVPool
 
-    def uses_work(dtype: torch.dtype) -> bool:
+    def uses_work(dtype: torch.dtype, mode: str = "auto") -> bool:
         pool = KVPool(32, 1, 2, 16, dtype, "cpu")
-        return TritonAttentionBackend(pool, torch.zeros(4, 32, dtype=torch.int32)).use_work
+        table = torch.zeros(4, 32, dtype=torch.int32)
+        return TritonAttentionBackend(pool, table, extend_work=mode).use_work
 
-    monkeypatch.delenv("WEFT_EXTEND_WORK", raising=False)
     assert uses_work(FP8_KV) and not uses_work(torch.bfloat16)
-    monkeypatch.setenv("WEFT_EXTEND_WORK", "0")
-    assert not uses_work(FP8_KV)
-    monkeypatch.setenv("WEFT_EXTEND_WORK", "1")
-    assert uses_work(torch.bfloat16)
-    monkeypatch.setenv("WEFT_EXTEND_WORK", "yes")
-    with pytest.raises(ValueError, match="WEFT_EXTEND_WORK must be auto, 0 or 1"):
-        uses_work(torch.bfloat16)
+    assert not uses_work(FP8_KV, "off")
+    assert uses_work(torch.bfloat16, "on")
+    with pytest.raises(ValueError, match="extend_work must be 'auto', 'on' or 'off'"):
+        uses_work(torch.bfloat16, "yes")

@@ -19,9 +19,10 @@ from weft.runtime.models import TPInfo, build_model, init_dummy_weights
 
 
 def prefill_logits(
-    model: Any, config: Any, ids: torch.Tensor, backend: str = "torch"
+    model: Any, config: Any, ids: torch.Tensor, backend: str = "torch", gemv: Any = None
 ) -> torch.Tensor:
-    """Logits of one prompt prefilled through a paged backend (torch's): [len(ids), vocab]."""
+    """Logits of one prompt prefilled through a paged backend (torch's): [len(ids), vocab];
+    `gemv`, a GemvPlan for the forward."""
     n = len(ids)
     attn_layer = model.layers[0].self_attn
     pool = KVPool(
@@ -50,6 +51,7 @@ def prefill_logits(
         extend_lens=torch.tensor([n]),
         seq_lens_cpu=[n],
         extend_lens_cpu=[n],
+        gemv=gemv,
     )
     attn.prepare(fb)
     with torch.no_grad():

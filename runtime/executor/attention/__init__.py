@@ -7,30 +7,35 @@ from collections.abc import Callable
 
 import torch
 
+from weft.runtime.config import TuningConfig
 from weft.runtime.executor.attention.base import AttentionBackend
 from weft.runtime.executor.memory import KVPool
 
-BackendFactory = Callable[[KVPool, torch.Tensor, int], AttentionBackend]
+BackendFactory = Callable[[KVPool, torch.Tensor, int, TuningConfig], AttentionBackend]
 
 
-def _torch_backend(pool: KVPool, req_to_token: torch.Tensor, page_size: int) -> AttentionBackend:
+def _torch_backend(
+    pool: KVPool, req_to_token: torch.Tensor, page_size: int, tuning: TuningConfig
+) -> AttentionBackend:
     from weft.runtime.executor.attention.torch_backend import TorchAttentionBackend
 
     return TorchAttentionBackend(pool, req_to_token)
 
 
 def _flashinfer_backend(
-    pool: KVPool, req_to_token: torch.Tensor, page_size: int
+    pool: KVPool, req_to_token: torch.Tensor, page_size: int, tuning: TuningConfig
 ) -> AttentionBackend:
     from weft.runtime.executor.attention.flashinfer_backend import FlashInferAttentionBackend
 
     return FlashInferAttentionBackend(pool, req_to_token, page_size)
 
 
-def _triton_backend(pool: KVPool, req_to_token: torch.Tensor, page_size: int) -> AttentionBackend:
+def _triton_backend(
+    pool: KVPool, req_to_token: torch.Tensor, page_size: int, tuning: TuningConfig
+) -> AttentionBackend:
     from weft.runtime.executor.attention.triton_backend import TritonAttentionBackend
 
-    return TritonAttentionBackend(pool, req_to_token)
+    return TritonAttentionBackend(pool, req_to_token, tuning.extend_work)
 
 
 _REGISTRY: dict[str, BackendFactory] = {
@@ -64,9 +69,15 @@ def resolve_backend_name(name: str, device: str) -> str:
 
 
 def create_attention_backend(
-    name: str, device: str, pool: KVPool, req_to_token: torch.Tensor, page_size: int
+    name: str,
+    device: str,
+    pool: KVPool,
+    req_to_token: torch.Tensor,
+    page_size: int,
+    tuning: TuningConfig | None = None,
 ) -> AttentionBackend:
-    return _REGISTRY[resolve_backend_name(name, device)](pool, req_to_token, page_size)
+    factory = _REGISTRY[resolve_backend_name(name, device)]
+    return factory(pool, req_to_token, page_size, tuning or TuningConfig())
 
 
 __all__ = [

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from weft.kernels.common import FP8_KV
-from weft.kernels.decode import DecodeRope, decode_attention
+from weft.kernels.decode import DecodePlan, DecodeRope, decode_attention
 from weft.kernels.extend import extend_attention, extend_block_tokens, extend_work
 from weft.kernels.kv_store import store_kv
 from weft.kernels.l2 import L2Prefetch
@@ -16,7 +14,6 @@ from weft.kernels.splits import decode_num_kv_splits
 from weft.runtime.executor.attention.base import AttentionBackend
 from weft.runtime.executor.batch import ForwardBatch
 from weft.runtime.executor.memory import KVPool
-from weft.runtime.executor.pdl import pdl_mode_from_env, sum_here_from_env
 from weft.runtime.executor.shared_prefix import (
     MEMBERS_PER_BLOCK,
     SharedPrefixPlan,
@@ -24,6 +21,13 @@ from weft.runtime.executor.shared_prefix import (
     prefix_splits,
 )
 from weft.runtime.executor.transfer import to_device
+
+# Rotating decode steps of up to this many requests ask the L2 for the first half of the caller's
+# next read (its o_proj weight) after their walk: their attention leaves HBM mostly idle. H200,
+# batch 1-4: 0.015-0.025 ms less a step at half the weight, no gain at all of it
+# (`benchmarks/step.py decode`, the batch-1 to 4 rows)
+L2_PREFETCH_MAX_BATCH = 4
+L2_PREFETCH_FRACTION = 0.5
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -42,7 +46,7 @@ class TritonAttentionBackend(AttentionBackend):
     supports_shared_prefix = True
     lends_kv_pool = True
 
-    def __init__(self, pool: KVPool, req_to_token: torch.Tensor) -> None:
+    def __init__(self, pool: KVPool, req_to_token: torch.Tensor, extend_work: str = "auto") -> None:
         super().__init__(pool, req_to_token)
         self.device = req_to_token.device
         if self.device.type == "cuda":
@@ -58,28 +62,13 @@ class TritonAttentionBackend(AttentionBackend):
             self.num_sms = 4
         self.kv_starts: torch.Tensor | None = None
         self.shared: SharedPrefix | None = None
-        # an extend step's query blocks (extend_work) instead of the full grid: on an fp8 pool,
-        # where it ran at 1.07-1.14x of the grid on the H200; over bf16 it ran at 0.68-0.79x on
-        # batches of followers with a long cached prefix (BENCHMARKS.md, fourteenth session).
-        # WEFT_EXTEND_WORK=1 / 0 forces it on / off, for measuring.
-        forced = os.environ.get("WEFT_EXTEND_WORK", "auto")
-        if forced not in ("auto", "0", "1"):
-            raise ValueError(f"WEFT_EXTEND_WORK must be auto, 0 or 1, got {forced!r}")
-        self.use_work = pool.k[0].dtype == FP8_KV if forced == "auto" else forced == "1"
-        self.pdl = pdl_mode_from_env() == "all"  # decode kernels as programmatic dependents
-        self.pdl_trigger = True  # (pdl) the split kernel lets the next launch at its start
-        self.sum_here = sum_here_from_env()  # a decode's last split merges them (no reduce)
-        # decode steps without shared prefixes rotate q and k in the decode kernel, which
-        # stores k and v too (forward_rotating); False keeps the model's rotary launch (A/B)
-        self.fuse_rope = True
-        self.decode_warps: int | None = None  # the decode kernel's warps; None: its default
-        # rotating decode steps of up to l2_prefetch_bs requests ask the L2 for the first
-        # l2_prefetch_fraction of the caller's next read (its o_proj weight) after their walk
-        # ("end"; "start" or "" off, for A/B). H200, batch 1-4: -0.015-0.025 ms a step at half
-        # the weight, none at all of it; "start" +0.13 ms (BENCHMARKS.md, twenty-fifth session)
-        self.l2_prefetch = "end"
-        self.l2_prefetch_bs = 4
-        self.l2_prefetch_fraction = 0.5
+        # an extend step's query blocks (extend_work) instead of the full grid: auto on an fp8
+        # pool, where it ran at 1.07-1.14x of the grid on the H200; over bf16 it ran at 0.68-0.79x
+        # on batches of followers with a long cached prefix (`benchmarks/kernels.py extend`)
+        if extend_work not in ("auto", "on", "off"):
+            raise ValueError(f"extend_work must be 'auto', 'on' or 'off', got {extend_work!r}")
+        auto = pool.k[0].dtype == FP8_KV
+        self.use_work = auto if extend_work == "auto" else extend_work == "on"
         self.work: torch.Tensor | None = None
         self._work_lens: tuple[list[int], list[int]] = ([], [])  # its extend and prefix lengths
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
@@ -209,14 +198,12 @@ class TritonAttentionBackend(AttentionBackend):
                 self.tail_lens,
                 out[t:],
                 scale,
-                self.num_kv_splits,
-                num_warps=self.decode_warps,
-                sum_here=self.sum_here,
+                DecodePlan(self.num_kv_splits),
             )
         return out
 
     def rotates(self, batch: ForwardBatch) -> bool:
-        return self.fuse_rope and self.decode and self.shared is None
+        return self.decode and self.shared is None
 
     def forward_rotating(
         self,
@@ -232,8 +219,8 @@ class TritonAttentionBackend(AttentionBackend):
         assert self.rotates(batch), "forward_rotating serves only what rotates() accepts"
         rope = DecodeRope(batch.positions, cos_sin, k, v, batch.out_cache_loc)
         hint = None
-        if prefetch is not None and self.l2_prefetch and batch.batch_size <= self.l2_prefetch_bs:
-            hint = L2Prefetch(prefetch, self.l2_prefetch, self.l2_prefetch_fraction)
+        if prefetch is not None and batch.batch_size <= L2_PREFETCH_MAX_BATCH:
+            hint = L2Prefetch(prefetch, L2_PREFETCH_FRACTION)
         return self._decode(q, layer, batch, scale, rope, hint)
 
     ##### Internal Helper Functions #####
@@ -248,12 +235,11 @@ class TritonAttentionBackend(AttentionBackend):
         hint: L2Prefetch | None = None,
     ) -> torch.Tensor:
         """A decode step's attention (q and the new k rotated here too with `rope`)."""
+        plan = DecodePlan(self.num_kv_splits, shared=self.shared, kv_starts=self.kv_starts,
+                          rope=rope, l2_prefetch=hint)  # fmt: skip
         return decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.req_to_token,
                                 batch.req_rows, batch.seq_lens, torch.empty_like(q), scale,
-                                self.num_kv_splits, kv_starts=self.kv_starts, shared=self.shared,
-                                pdl=self.pdl, rope=rope, sum_here=self.sum_here,
-                                pdl_trigger=self.pdl_trigger,
-                                num_warps=self.decode_warps, l2_prefetch=hint)  # fmt: skip
+                                plan)  # fmt: skip
 
     def _eager_plan(self, plan: SharedPrefixPlan) -> tuple[torch.Tensor, SharedPrefix]:
         starts, members, rows, lens = self._upload(plan, len(plan.kv_starts), plan.num_blocks)
