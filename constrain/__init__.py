@@ -5,15 +5,11 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from weft.constrain.base import (
-    CompiledGrammar,
-    GrammarBackend,
-    GrammarError,
-    GrammarMatcher,
-    GrammarSpec,
-)
+from weft.constrain.base import CompiledGrammar, GrammarBackend, GrammarMatcher
 from weft.constrain.compiler import CompileHandle, GrammarCompiler
+from weft.constrain.errors import GrammarError
 from weft.constrain.mask import allocate_bitmask, apply_bitmask
+from weft.constrain.spec import GrammarSpec
 from weft.constrain.vocab import TokenSpace, token_space
 
 BACKENDS = ("llguidance", "outlines")

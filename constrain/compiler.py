@@ -8,7 +8,9 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-from weft.constrain.base import CompiledGrammar, GrammarBackend, GrammarError, GrammarSpec
+from weft.constrain.base import CompiledGrammar, GrammarBackend
+from weft.constrain.errors import GrammarError
+from weft.constrain.spec import GrammarSpec
 
 logger = logging.getLogger(__name__)
 

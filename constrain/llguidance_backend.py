@@ -12,17 +12,12 @@ import llguidance
 import llguidance.hf
 import torch
 
-from weft.constrain.base import (
-    STRICT_NOTE,
-    CompiledGrammar,
-    GrammarBackend,
-    GrammarError,
-    GrammarMatcher,
-    GrammarSpec,
-)
+from weft.constrain.base import CompiledGrammar, GrammarBackend, GrammarMatcher
+from weft.constrain.errors import STRICT_NOTE, GrammarError
 from weft.constrain.llguidance_matcher import LLGuidanceMatcher
 from weft.constrain.llguidance_prefetch import MaskWorker
 from weft.constrain.schema import llguidance_keywords, without_patterns, without_remote_refs
+from weft.constrain.spec import GrammarSpec
 from weft.constrain.structural_format import format_grammar, format_texts
 from weft.constrain.structural_tag import structural_tag_format
 from weft.constrain.vocab import TokenSpace

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from weft.constrain import llguidance_prefetch
 from weft.constrain.base import GrammarMatcher
+from weft.constrain.llguidance_prefetch import BoundRow, Job, MaskWorker
 from weft.constrain.vocab import TokenSpace
 
 
@@ -29,15 +29,15 @@ class LLGuidanceMatcher(GrammarMatcher):
         self,
         space: TokenSpace,
         matcher: Any,
-        worker: llguidance_prefetch.MaskWorker | None = None,
+        worker: MaskWorker | None = None,
         prefetch_forced: bool = False,
     ) -> None:
         super().__init__(space)
         self._m = matcher
         self._worker, self._prefetch_forced = worker, prefetch_forced
-        self._row = llguidance_prefetch.BoundRow(space.words) if worker is not None else None
+        self._row = BoundRow(space.words) if worker is not None else None
         self._in_place = False  # the fill in progress delivered the prefetched mask
-        self._job: llguidance_prefetch.Job | None = None  # in flight, or done but not joined
+        self._job: Job | None = None  # in flight, or done but not joined
         self._ready = False  # the buffer holds the mask of the current state, finished (a row)
         self._filled = False  # a fill has delivered the current state's mask
         self._forced: list[int] | None = None  # forced tokens of the current state, if known

@@ -14,16 +14,11 @@ from typing import Any
 
 import outlines_core
 
-from weft.constrain import _outlines_worker as worker
-from weft.constrain.base import (
-    STRICT_NOTE,
-    CompiledGrammar,
-    GrammarBackend,
-    GrammarError,
-    GrammarMatcher,
-    GrammarSpec,
-)
+import weft.constrain._outlines_worker as worker
+from weft.constrain.base import CompiledGrammar, GrammarBackend, GrammarMatcher
+from weft.constrain.errors import STRICT_NOTE, GrammarError
 from weft.constrain.schema import prepare_for_outlines
+from weft.constrain.spec import GrammarSpec
 from weft.constrain.vocab import TokenSpace, token_bytes_table
 
 MAX_ROLLBACK = 1 << 20

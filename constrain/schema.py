@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from weft.constrain.base import GrammarError
+from weft.constrain.errors import GrammarError
 
 # Keywords that never constrain an instance (ignored by every backend, never reported).
 ANNOTATIONS = frozenset(

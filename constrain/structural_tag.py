@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from weft.constrain.base import GrammarError
-from weft.constrain.structural_format import check_format, nested_triggers
+from weft.constrain.errors import GrammarError
+from weft.constrain.structural_check import check_format, nested_triggers
 
 FIELDS = ("structures", "triggers")
 STRUCTURE_FIELDS = ("begin", "schema", "end")

@@ -55,9 +55,7 @@ class TuningConfig:
         if self.extend_work not in ("auto", "on", "off"):
             raise ValueError(f"extend_work must be 'auto', 'on' or 'off', got {self.extend_work!r}")
         if self.grammar_mask_threads is not None and self.grammar_mask_threads < 1:
-            raise ValueError(
-                f"grammar_mask_threads must be >= 1, got {self.grammar_mask_threads}"
-            )
+            raise ValueError(f"grammar_mask_threads must be >= 1, got {self.grammar_mask_threads}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> TuningConfig:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 import torch
 
 from weft.constrain import allocate_bitmask, apply_bitmask
 from weft.runtime.executor.transfer import to_device
-from weft.runtime.scheduler.request import Req
+
+if TYPE_CHECKING:
+    from weft.runtime.scheduler.request import Req
 
 MASK_FILL_WINDOW = 10_000
 COPY_RUN_BYTES = 64 << 10  # H2D: rows between two used ones are copied along below this gap

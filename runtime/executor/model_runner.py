@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,7 +24,9 @@ from weft.runtime.executor.transfer import to_device
 from weft.runtime.loader import iterate_weight_slices
 from weft.runtime.models import build_model, init_dummy_weights
 from weft.runtime.models.llama import LlamaDecoderLayer, head_dim_of, sliding_window_of
-from weft.runtime.scheduler.request import Req
+
+if TYPE_CHECKING:
+    from weft.runtime.scheduler.request import Req
 
 logger = logging.getLogger(__name__)
 

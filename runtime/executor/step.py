@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from weft.runtime.executor.batch import Batch
 from weft.runtime.executor.logprobs import LogprobRows, gather_logprobs
-from weft.runtime.scheduler.request import Req
+
+if TYPE_CHECKING:
+    from weft.runtime.scheduler.request import Req
 
 # a step's prompt logprobs: (logprob, token) per position, its top-k lists, its by-id lists
 PromptLists = tuple[

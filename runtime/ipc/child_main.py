@@ -16,7 +16,7 @@ def main() -> None:
     config = EngineConfig.from_dict(payload["config"])
     ends = Endpoints(**payload["ends"])
     if payload["role"] == "scheduler":
-        from weft.runtime.scheduler.scheduler import run_scheduler_process
+        from weft.runtime.scheduler.process import run_scheduler_process
 
         run_scheduler_process(
             config, payload["path"], ends, payload["parent"], int(payload.get("tp_rank", 0))

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from weft.kernels.skinny import GemvLaunch
 
 
-
 Shape = tuple[int, int, bool]  # a projection's (out features, in features, gated)
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from weft.runtime.detokenize import IncrementalDecoder
 from weft.runtime.ipc.messages import FinishReason, TokenOut
 from weft.runtime.scheduler.request import Req
-from weft.runtime.server.detokenize import IncrementalDecoder
-from weft.runtime.server.stop import StopMatcher, StopRegexTimeout
+from weft.runtime.stop import StopMatcher, StopRegexTimeout
 
 
 @dataclass

@@ -1,34 +1,30 @@
-"""RequestIntake: the scheduler's handling of what arrives: messages and compiled grammars collected,
-new requests, aborts, flush, state."""
+"""Intake: what reaches the scheduler, collected (messages, finished grammar compiles) and turned
+into requests: new ones checked and queued (constrained ones once their grammar compiled),
+aborted ones finished."""
 
 from __future__ import annotations
 
-import gc
 import logging
-from collections import deque
 from typing import Any
+
+import torch
 
 from weft.constrain import GrammarError
 from weft.runtime.executor.distributed import Inbox
-from weft.runtime.executor.model_runner import ModelRunner
 from weft.runtime.executor.sampler import make_generator
 from weft.runtime.ipc.channel import Channel, parent_alive
 from weft.runtime.ipc.messages import (
     AbortReq,
     BatchGenerateReq,
     FinishReason,
-    FlushCacheOut,
-    FlushCacheReq,
-    GetStateReq,
     Message,
-    StateOut,
     TokenizedGenerateReq,
 )
 from weft.runtime.loader.model_info import ModelInfo
 from weft.runtime.scheduler.cache_manager import KVCacheManager
 from weft.runtime.scheduler.finish import StopState
 from weft.runtime.scheduler.grammar import GrammarQueue, grammar_spec
-from weft.runtime.scheduler.request import Req
+from weft.runtime.scheduler.request import Queues, Req
 
 logger = logging.getLogger(__name__)
 
@@ -40,52 +36,38 @@ GRAMMAR_POLL_MS = 2  # while grammars compile, look for finished ones this often
 RECV_BYTES = 1 << 20
 
 
-class RequestIntake:
-    """Mixed into the Scheduler, whose state it reads and changes (declared below)."""
+class Intake:
+    """Rank 0's channel reader, and every rank's turn of arrivals into queued requests."""
 
-    arrivals: int
-    channel: Channel | None
-    info: ModelInfo
-    runner: ModelRunner
-    tokenizer: Any
-    checked_idle: bool
-    grammars: GrammarQueue
-    cache: KVCacheManager
-    waiting: list[Req]
-    running: list[Req]
-    chunked: Req | None
-    new_token_ratio: float
-    stats: dict[str, int]
-    busy_periods: deque[tuple[float, float]]
+    def __init__(
+        self,
+        channel: Channel | None,
+        queues: Queues,
+        cache: KVCacheManager,
+        grammars: GrammarQueue,
+        info: ModelInfo,
+        tokenizer: Any,
+        device: torch.device,
+        max_total_tokens: int,
+    ) -> None:
+        self.channel = channel
+        self.queues = queues
+        self.cache = cache
+        self.grammars = grammars
+        self.info = info
+        self.tokenizer = tokenizer
+        self.device = device
+        self.max_total_tokens = max_total_tokens
+        self.arrivals = 0
 
-    @property
-    def max_total_tokens(self) -> int:
-        raise NotImplementedError
-
-    def has_work(self) -> bool:
-        raise NotImplementedError
-
-    def emit(self, reqs: list[Req]) -> None:
-        raise NotImplementedError
-
-    def reply(self, msg: Message) -> None:
-        raise NotImplementedError
-
-    def settle(self) -> None:
-        raise NotImplementedError
-
-    def on_idle(self) -> None:
-        raise NotImplementedError
-
-    def collect(self, parent_pid: int) -> Inbox:
-        """Rank 0: messages and finished grammar compiles; blocks while there is nothing to do."""
+    def collect(self, parent_pid: int, busy: bool) -> Inbox:
+        """Rank 0: messages and finished grammar compiles; blocks while there is nothing to do
+        (not `busy` and nothing arrived)."""
         assert self.channel is not None
         msgs = self.channel.recv_all(RECV_BYTES)
         ready, failed = self.grammars.scan()
-        while not msgs and not ready and not failed and not self.has_work():
+        while not msgs and not ready and not failed and not busy:
             compiling = bool(self.grammars.pending)
-            if not compiling:
-                self.on_idle()
             msg = self.channel.recv(GRAMMAR_POLL_MS if compiling else IDLE_POLL_MS)
             if msg is not None:
                 msgs.append(msg)
@@ -94,42 +76,43 @@ class RequestIntake:
             ready, failed = self.grammars.scan()
         return Inbox(ready, failed, msgs)
 
-    def apply(self, inbox: Inbox) -> None:
-        """Constrained requests whose grammar compiled join the waiting queue, failures answer;
-        then the messages, in order (all but new requests see the in-flight step processed)."""
-        if any(not isinstance(m, (TokenizedGenerateReq, BatchGenerateReq)) for m in inbox.msgs):
-            self.settle()
-        if inbox.ready or inbox.failed:
-            ready, failed = self.grammars.take(inbox.ready, inbox.failed)
-            self.waiting += ready
-            for req, message in failed:
-                req.finish = FinishReason("abort", message=message, status=400)
-            self.emit([req for req, _ in failed])
-        for msg in inbox.msgs:
-            self.handle(msg)
+    @staticmethod
+    def controls(inbox: Inbox) -> bool:
+        """Whether the inbox holds anything but new requests (those see the in-flight step
+        processed first: an abort, a flush, a state read)."""
+        return any(not isinstance(m, (TokenizedGenerateReq, BatchGenerateReq)) for m in inbox.msgs)
 
-    def handle(self, msg: Message) -> None:
+    def admit_compiled(self, inbox: Inbox) -> list[Req]:
+        """Constrained requests whose grammar compiled join the waiting queue; returns those
+        whose grammar failed, finished with the reason."""
+        if not inbox.ready and not inbox.failed:
+            return []
+        ready, failed = self.grammars.take(inbox.ready, inbox.failed)
+        self.queues.waiting += ready
+        for req, message in failed:
+            req.finish = FinishReason("abort", message=message, status=400)
+        return [req for req, _ in failed]
+
+    def handle(self, msg: Message) -> list[Req]:
+        """A new request (or a batch of them) queued, or an abort done; returns the requests
+        finished by it (refused, aborted)."""
         if isinstance(msg, BatchGenerateReq):
-            for one in msg.reqs:
-                self.handle(one)
-        elif isinstance(msg, TokenizedGenerateReq):
+            return [req for one in msg.reqs for req in self.handle(one)]
+        if isinstance(msg, TokenizedGenerateReq):
             try:
-                self.add_request(msg)
+                refused = self.add_request(msg)
             except Exception as e:  # a bug, but only this request may pay for it
                 logger.exception("could not admit request %s", msg.rid)
-                req = Req.from_msg(msg, msg.max_new_tokens, self.arrivals)
-                req.finish = FinishReason("abort", message=f"internal error: {e}", status=500)
-                self.emit([req])
-        elif isinstance(msg, AbortReq):
-            self.abort(msg)
-        elif isinstance(msg, FlushCacheReq):
-            self.reply(self.flush_cache())
-        elif isinstance(msg, GetStateReq):
-            self.reply(StateOut(self.state()))
-        else:
-            logger.error("scheduler got an unexpected message %s", type(msg).__name__)
+                refused = Req.from_msg(msg, msg.max_new_tokens, self.arrivals)
+                refused.finish = FinishReason("abort", message=f"internal error: {e}", status=500)
+            return [] if refused is None else [refused]
+        if isinstance(msg, AbortReq):
+            return self.abort(msg)
+        logger.error("scheduler got an unexpected message %s", type(msg).__name__)
+        return []
 
-    def add_request(self, msg: TokenizedGenerateReq) -> None:
+    def add_request(self, msg: TokenizedGenerateReq) -> Req | None:
+        """Queue a new request (or submit its grammar); returns it if refused (finished)."""
         self.arrivals += 1
         req = Req.from_msg(msg, msg.max_new_tokens, self.arrivals)
         problem = self.info.check_request(
@@ -143,66 +126,38 @@ class RequestIntake:
             problem = "input_ids contain a token id outside the vocabulary"
         if problem is not None:  # the engine checks these too; never trust the socket
             req.finish = FinishReason("abort", message=problem)
-            self.emit([req])
-            return
+            return req
         if req.params.sampling_seed is not None:
-            req.generator = make_generator(req.params.sampling_seed, self.runner.device)
+            req.generator = make_generator(req.params.sampling_seed, self.device)
         req.stop_state = StopState.for_req(req, self.tokenizer)
-        self.checked_idle = False
         try:
             spec = grammar_spec(req.params)
             if spec is not None:
                 self.grammars.submit(req, spec)
         except GrammarError as e:
             req.finish = FinishReason("abort", message=str(e), status=400)
-            self.emit([req])
-            return
+            return req
         if spec is None:
-            self.waiting.append(req)
+            self.queues.waiting.append(req)
+        return None
 
-    def abort(self, msg: AbortReq) -> None:
+    def abort(self, msg: AbortReq) -> list[Req]:
+        """Finish the requests `msg` names (or all), wherever they are; returns them."""
+
         def hit(r: Req) -> bool:
             return msg.abort_all or r.rid == msg.rid
 
-        aborted = [r for r in self.waiting if hit(r)]
-        self.waiting = [r for r in self.waiting if not hit(r)]
+        queues = self.queues
+        aborted = [r for r in queues.waiting if hit(r)]
+        queues.waiting = [r for r in queues.waiting if not hit(r)]
         aborted += self.grammars.remove(None if msg.abort_all else {msg.rid})
-        for req in [*self.running, *([self.chunked] if self.chunked else [])]:
+        for req in [*queues.running, *([queues.chunked] if queues.chunked else [])]:
             if hit(req):
                 self.cache.cache_req(req, release=True)
                 aborted.append(req)
-        self.running = [r for r in self.running if not hit(r)]
-        if self.chunked is not None and hit(self.chunked):
-            self.chunked = None
+        queues.running = [r for r in queues.running if not hit(r)]
+        if queues.chunked is not None and hit(queues.chunked):
+            queues.chunked = None
         for req in aborted:
             req.finish = FinishReason("abort", message="aborted by request")
-        self.emit(aborted)
-
-    def flush_cache(self) -> FlushCacheOut:
-        if self.has_work() or self.grammars.pending:
-            return FlushCacheOut(False, "Cache not flushed: there are running or waiting requests.")
-        self.cache.tree.reset()
-        return FlushCacheOut(True, "Cache flushed.")
-
-    def state(self) -> dict[str, Any]:
-        alloc = self.runner.allocator
-        return {
-            "num_running": len(self.running),
-            "num_waiting": len(self.waiting) + (1 if self.chunked else 0),
-            "max_total_tokens": self.max_total_tokens,
-            "free_tokens": alloc.free_slots,
-            "evictable_tokens": self.cache.tree.evictable_size(),
-            "protected_tokens": self.cache.tree.protected_size(),
-            "num_forward_tokens": self.runner.num_forward_tokens,
-            "num_forward_passes": self.runner.num_forward_passes,
-            "shared_prefix_steps": self.runner.num_shared_prefix_steps,
-            "mask_fill": self.runner.mask_fill_stats(),
-            "num_compiling": len(self.grammars.pending),
-            "new_token_ratio": self.new_token_ratio,
-            "page_size": self.runner.page_size,
-            # objects the collector skips (frozen at start-up) and its passes over the rest
-            "gc_frozen": gc.get_freeze_count(),
-            "gc_collections": [g["collections"] for g in gc.get_stats()],
-            "busy_periods": [list(p) for p in self.busy_periods],
-            **self.stats,
-        }
+        return aborted

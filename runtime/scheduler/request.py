@@ -1,4 +1,5 @@
-"""Req: one generation request inside the scheduler, with its KV bookkeeping and finish state."""
+"""Req: one generation request inside the scheduler, with its KV bookkeeping and finish state; the
+scheduler's queues of them."""
 
 from __future__ import annotations
 
@@ -120,3 +121,16 @@ class Req:
     @property
     def remaining_new_tokens(self) -> int:
         return max(self.max_new_tokens - len(self.output_ids) - self.ahead, 0)
+
+
+@dataclass
+class Queues:
+    """The scheduler's requests by state: waiting for admission (in arrival order, retracted
+    ones first), running (decoding), and the one prompt being prefilled in chunks, if any."""
+
+    waiting: list[Req] = field(default_factory=list)
+    running: list[Req] = field(default_factory=list)
+    chunked: Req | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.waiting or self.running or self.chunked)

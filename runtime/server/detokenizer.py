@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from weft.runtime.config import EngineConfig
+from weft.runtime.detokenize import IncrementalDecoder, one_shot_texts
 from weft.runtime.ipc.channel import Channel, Endpoints, parent_alive, run_child
 from weft.runtime.ipc.messages import BatchStrOut, BatchTokenOut, StrOut, TokenOut
 from weft.runtime.loader import load_tokenizer
-from weft.runtime.server.detokenize import IncrementalDecoder, one_shot_texts
-from weft.runtime.server.stop import StopMatcher
+from weft.runtime.stop import StopMatcher
 
 logger = logging.getLogger(__name__)
 

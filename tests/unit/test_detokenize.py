@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weft.runtime.server.detokenize import MAX_HELD_TOKENS, IncrementalDecoder
+from weft.runtime.detokenize import MAX_HELD_TOKENS, IncrementalDecoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -283,7 +283,7 @@ def test_token_out_says_when_the_scheduler_decodes_token_by_token(stop):
 def test_one_shot_texts_equal_the_incremental_decoders(name, skip, data):
     """Batched decodes of whole outputs give IncrementalDecoder(prefix).finish(ids)'s text, also
     for a prefix that ends mid-character (dropped) and for invalid bytes."""
-    from weft.runtime.server.detokenize import one_shot_texts
+    from weft.runtime.detokenize import one_shot_texts
 
     tokenizer = TOKENIZERS[name]()
     items = [

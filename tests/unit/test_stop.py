@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weft.runtime.server.stop import StopMatcher
+from weft.runtime.stop import StopMatcher
 
 
 def feed(matcher, text, cuts, start=0):
@@ -151,7 +151,7 @@ def test_bad_input_is_rejected(stop, stop_regex):
 def test_a_catastrophic_stop_regex_costs_one_bounded_search() -> None:
     import time
 
-    from weft.runtime.server.stop import STOP_REGEX_TIMEOUT_S, StopRegexTimeout
+    from weft.runtime.stop import STOP_REGEX_TIMEOUT_S, StopRegexTimeout
 
     matcher = StopMatcher(stop_regex=["(a|aa)+b"])  # exponential backtracking on "aaa...a"
     start = time.perf_counter()

@@ -1,0 +1,137 @@
+"""The batch policy: each step, a prefill of waiting requests if any can be admitted (within the
+token budget, chunking long prompts, behind a prefill in flight with overlap), else a decode of
+the running requests, retracting the newest when the KV pool runs out."""
+
+from __future__ import annotations
+
+import logging
+
+from weft.runtime.config import EngineConfig
+from weft.runtime.executor.batch import Batch
+from weft.runtime.scheduler.cache_manager import KVCacheManager
+from weft.runtime.scheduler.decode import build_decode_batch, mix_decode, retract_for_decode
+from weft.runtime.scheduler.overlap import Overlap
+from weft.runtime.scheduler.prefill import (
+    PrefillAdder,
+    SharedPrefixGate,
+    decode_reserve,
+    order_waiting,
+)
+from weft.runtime.scheduler.request import Queues, Req
+
+logger = logging.getLogger(__name__)
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.1
+NEW_TOKEN_RATIO_DECAY = 0.001
+
+
+class BatchPolicy:
+    """Chooses the next batch from the queues (and changes them: admitted requests leave
+    `waiting`, retracted ones go back to it). `new_token_ratio` estimates how much of their
+    max_new_tokens running requests will still use, for the room a prefill must leave them: it
+    decays while decodes fit and jumps after a retraction, as in SGLang."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        cache: KVCacheManager,
+        queues: Queues,
+        overlap: Overlap,
+        stats: dict[str, int],
+    ) -> None:
+        self.config = config
+        self.cache = cache
+        self.queues = queues
+        self.overlap = overlap
+        self.stats = stats
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+
+    def next_batch(self) -> Batch | None:
+        """A prefill if any request can be admitted (mixed with the running decodes under
+        enable_mixed_chunk), else a decode of the running requests."""
+        batch = self.prefill()
+        if batch is not None:
+            if not self.config.enable_mixed_chunk:
+                return batch
+            mixed = mix_decode(batch, self.overlap.decoding(self.queues.running), self.cache)
+            self.stats["mixed_steps"] += len(mixed.reqs) > len(batch.reqs)
+            return mixed
+        return self.decode()
+
+    def decode(self) -> Batch | None:
+        """The running requests' next tokens; without a step in flight, the newest retracted
+        first where they do not fit (with one, `Overlap.decode_continues` checked that they do)."""
+        queues = self.queues
+        retracted: list[Req] = []
+        if self.overlap.inflight is not None:
+            going = self.overlap.decoding(queues.running)
+        else:
+            retracted = retract_for_decode(queues.running, self.cache)
+            queues.running = going = [r for r in queues.running if r not in retracted]
+        if retracted:
+            self.stats["retractions"] += len(retracted)
+            queues.waiting += retracted
+            self.new_token_ratio = min(1.0, self.new_token_ratio + 0.3)
+            logger.info("KV pool full: retracted %d request(s)", len(retracted))
+        else:
+            self.new_token_ratio = max(
+                MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
+            )
+        return build_decode_batch(going, self.cache) if going else None
+
+    def prefill(self, behind: Batch | None = None) -> Batch | None:
+        """The next prefill batch. `behind`: a prefill still in flight (Overlap); its requests
+        count as running, and the prompts it computes are not in the tree until it is
+        processed, so requests that would share them wait (SharedPrefixGate). NOTE: a prompt
+        sharing fewer than IN_BATCH_PREFIX_TOKENS new tokens with one of them does not wait
+        and computes them."""
+        queues, config = self.queues, self.config
+        if not queues.waiting and queues.chunked is None:
+            return None
+        joining = behind.reqs if behind is not None else []
+        chunked = queues.chunked
+        running = queues.running + [r for r in joining if r is not chunked and not r.finished]
+        mixed = len(queues.running) if config.enable_mixed_chunk else 0  # decode tokens too
+        adder = PrefillAdder(
+            cache=self.cache,
+            token_budget=max(config.max_prefill_tokens - mixed, 1),
+            chunk_size=config.chunked_prefill_size,
+            max_new_reqs=config.max_running_requests - len(running),
+            reserved=decode_reserve(running, self.new_token_ratio),
+            new_token_ratio=self.new_token_ratio,
+            idle=not running,
+        )
+        gate = None if config.disable_radix_cache else SharedPrefixGate()
+        if gate is not None and behind is not None:
+            for req, n in zip(behind.reqs, behind.extend_lens, strict=True):
+                gate.admitted(req, start=req.kv_len - n)
+        if chunked is not None:
+            added = adder.add(chunked)  # (when refused, no side effect: it holds its slots)
+            if not added and behind is not None:  # its chunk in flight is not processed yet
+                return None  # settle first
+            queues.chunked = None
+            if not added:  # no room to go on: give its KV to the tree, retry later
+                self.cache.cache_req(chunked, release=True)
+                queues.waiting.insert(0, chunked)
+            elif gate is not None:  # what its next chunk computes, followers wait for
+                gate.admitted(chunked)
+        if adder.chunked is None:
+            for req in order_waiting(queues.waiting, config.schedule_policy, self.cache):
+                if gate is not None and gate.should_wait(req):
+                    continue
+                if not adder.add(req):
+                    break
+                if gate is not None:
+                    gate.admitted(req)
+        batch = adder.batch()
+        if batch is None:
+            return None
+        admitted = set(map(id, batch.reqs))
+        queues.waiting = [r for r in queues.waiting if id(r) not in admitted]
+        queues.chunked = adder.chunked
+        for req in batch.reqs:
+            if not req.admitted:
+                req.admitted = True
+                req.cached_tokens = req.prefix_len
+        return batch

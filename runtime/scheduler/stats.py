@@ -1,0 +1,57 @@
+"""The scheduler's counters and clock: steps launched per kind and their launch-to-launch time,
+and the last busy periods (first launch to idle again)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from weft.runtime.executor.batch import Batch, ForwardMode
+
+BUSY_PERIODS = 64  # the last busy periods kept for get_state
+COUNTERS = (
+    "retractions",
+    "prompt_tokens",
+    "cached_tokens",
+    "overlapped_steps",  # launched while the step before was still in flight
+    "mixed_steps",  # prefill steps that also decoded running requests
+    # steps launched per kind, and their launch-to-launch wall time in µs (with overlap, the
+    # device's time of each step); a step followed by an idle wait adds no time
+    *(f"{kind}_{unit}" for kind in ("extend", "decode") for unit in ("steps", "us")),
+)
+
+
+class StepClock:
+    """Counts (`counts`, from zero) and times the steps, and keeps the busy periods on
+    time.perf_counter()'s clock: the machine's monotonic one, so a client on the same machine
+    places its requests in them."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.busy_periods: deque[tuple[float, float]] = deque(maxlen=BUSY_PERIODS)
+        self._busy_since: float | None = None
+        self._last_launch: tuple[str, float] | None = None
+
+    def launching(self, batch: Batch | None) -> None:
+        """A step is about to launch (None: none is): the time since the last launch goes to
+        that step's kind. NOTE: counted here, not when the next launch times it, so that a
+        get_state answered in between sees every step whose results it may have seen."""
+        now = time.perf_counter()
+        if self._last_launch is not None:
+            kind, at = self._last_launch
+            self.counts[f"{kind}_us"] += int((now - at) * 1e6)
+        if batch is None:
+            self._last_launch = None
+            return
+        if self._busy_since is None:
+            self._busy_since = now
+        kind = "decode" if batch.mode == ForwardMode.DECODE else "extend"
+        self.counts[f"{kind}_steps"] += 1
+        self._last_launch = (kind, now)
+
+    def idle(self) -> None:
+        """Nothing to do: the last step is followed by a wait (not counted), a busy period ends."""
+        self._last_launch = None
+        if self._busy_since is not None:
+            self.busy_periods.append((self._busy_since, time.perf_counter()))
+            self._busy_since = None
