@@ -1,7 +1,9 @@
-"""Shared benchmark helpers: the copy-bandwidth ceiling, device names, dummy-model folders, tables."""
+"""Shared benchmark helpers: the copy-bandwidth ceiling, device names, dummy-model folders, engine
+arguments, tables."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -9,6 +11,7 @@ import random
 import shutil
 import statistics
 import string
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -52,6 +55,20 @@ def device_name() -> str:
     except OSError:
         pass
     return f"CPU: {model} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+
+
+def git_commit() -> str:
+    """The checkout's short commit, with '+' when it has uncommitted changes ('unknown' outside
+    a git checkout)."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
 
 
 ##### Dummy-weight model folders #####
@@ -143,6 +160,42 @@ def model_folder(model: str, workdir: Path) -> tuple[Path, str]:
         dst,
         f"synthetic byte-level tokenizer of {config['vocab_size']} ids (the folder has none)",
     )
+
+
+##### Engine arguments #####
+
+
+def parse_kv(items: list[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs as engine keyword arguments; values parse as JSON when they can (true, 3,
+    0.5), else stay strings. A dotted key sets a field of a nested config: `tuning.gemv=off` ->
+    {"tuning": {"gemv": "off"}} (EngineConfig takes `tuning` as a dict of TuningConfig fields)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            value = text
+        *parents, leaf = name.strip().split(".")
+        into = out
+        for part in parents:
+            into = into.setdefault(part, {})
+            if not isinstance(into, dict):
+                raise argparse.ArgumentTypeError(f"{item!r}: {part} is set as a value already")
+        into[leaf] = value
+    return out
+
+
+def merge_kwargs(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s entries on top; a nested dict (tuning) merges field by field."""
+    out = dict(base)
+    for name, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(name), dict):
+            value = {**out[name], **value}
+        out[name] = value
+    return out
 
 
 ##### Tables #####
