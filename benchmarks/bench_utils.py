@@ -21,26 +21,51 @@ import torch
 ##### Ceilings and devices #####
 
 
+class Stopwatch:
+    """Seconds between start() and stop(): CUDA events on a GPU (stop() waits for the device), the
+    host's clock on CPU."""
+
+    def __init__(self, device: str | torch.device) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+        self._t0 = 0.0
+        self._start: Any = None
+
+    def start(self) -> None:
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        if not self.cuda:
+            return time.perf_counter() - self._t0
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        end.synchronize()
+        return float(self._start.elapsed_time(end)) / 1e3
+
+
 def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 10, device: str = "cuda") -> float:
-    """Device-to-device copy: bytes read + written per second (the memory ceiling)."""
+    """Device-to-device copy: bytes read + written per second (the memory ceiling); the median
+    of `reps` copies after 3 to warm up."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)
-    times = []
+    watch, times = Stopwatch(device), []
     for _ in range(reps):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            times.append(time.perf_counter() - t0)
+        watch.start()
+        dst.copy_(src)
+        times.append(watch.stop())
     return 2 * nbytes / statistics.median(times)
+
+
+def local_copy_bandwidth() -> float:
+    """The copy ceiling of this machine's device: 2 GiB on a GPU, 256 MiB on CPU."""
+    if torch.cuda.is_available():
+        return copy_bandwidth()
+    return copy_bandwidth(256 << 20, 5, "cpu")
 
 
 def device_name() -> str:
