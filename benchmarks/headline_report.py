@@ -51,7 +51,7 @@ def _copy(part: str, result: dict[str, Any]) -> list[Row]:
 def _decode(part: str, result: dict[str, Any]) -> list[Row]:
     """Per batch: triton + CUDA graphs, pipelined, against the roofline and FlashInfer's step."""
     steps = [r for r in result.get("rows", []) if "error" not in r]
-    ours = [r for r in steps if r["backend"] == "triton+graph"]
+    ours = [r for r in steps if not r["backend"].startswith("flashinfer")]  # triton+graph
     peer = {r["batch"]: r for r in steps if r["backend"].startswith("flashinfer")}
     rows = []
     for r in ours:
@@ -62,7 +62,7 @@ def _decode(part: str, result: dict[str, Any]) -> list[Row]:
             against += f"; FlashInfer {fi:.2f} ms ({fi / r['pipelined_ms']:.2f}× weft's time)"
         else:
             against += "; FlashInfer not installed"
-        figure = f"decode step, batch {r['batch']}, {r['context']} context (8B, bf16)"
+        figure = f"decode step, batch {r['batch']}, {r['context']} context ({r['backend']})"
         rows.append(_row(part, result, figure, f"{r['pipelined_ms']:.2f} ms", against))
     return rows
 
@@ -152,16 +152,19 @@ def plot(parts: dict[str, dict[str, Any]], path: Path) -> bool:
     if not panels:
         return False
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (title, unit, groups) in zip(axes[0], panels, strict=True):
-        labels = list(groups)
-        series = sorted({s for g in groups.values() for s in g}, key=_series_order)
-        width = 0.8 / len(series)
-        for i, name in enumerate(series):
-            xs = [j + i * width for j in range(len(labels))]
-            ys = [groups[g].get(name, 0.0) for g in labels]
-            bars = ax.bar(xs, ys, width, label=name)
-            ax.bar_label(bars, fmt="%.3g", fontsize=7)
-        ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(labels))], labels)
+        width = 0.8 / max(len(g) for g in groups.values())
+        shown: set[str] = set()
+        for j, (label, values) in enumerate(groups.items()):
+            names = sorted(values, key=_series_order)
+            for i, name in enumerate(names):
+                x = j + (i - (len(names) - 1) / 2) * width
+                bar = ax.bar(x, values[name], width, color=colors[_series_order(name) % len(colors)],
+                             label=None if name in shown else name)  # fmt: skip
+                ax.bar_label(bar, labels=[_short(values[name])], fontsize=7)
+                shown.add(name)
+        ax.set_xticks(range(len(groups)), list(groups))
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(unit)
         ax.legend(fontsize=8)
@@ -172,6 +175,10 @@ def plot(parts: dict[str, dict[str, Any]], path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def _short(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:.2f}"
 
 
 def _series_order(name: str) -> int:
@@ -188,10 +195,10 @@ def _decode_panel(parts: dict[str, dict[str, Any]]) -> Panel | None:
         if "error" in r:
             continue
         g = groups.setdefault(f"batch {r['batch']}", {})
-        if r["backend"] == "triton+graph":
-            g["weft"], g["roofline"] = r["pipelined_ms"], r["roofline_ms"]
-        elif r["backend"].startswith("flashinfer"):
+        if r["backend"].startswith("flashinfer"):
             g["FlashInfer"] = r["pipelined_ms"]
+        else:
+            g["weft"], g["roofline"] = r["pipelined_ms"], r["roofline_ms"]
     return ("Llama-3.1-8B decode step, 2048 context", "ms (lower is better)", groups) if groups else None
 
 
