@@ -59,12 +59,52 @@ def parts(flashinfer: bool) -> dict[str, Part]:
     running = ("--engine-arg", "max_running_requests={n}", "--engine-arg", "cuda_graph_max_bs={n}")
     return {
         "copy": Part("copy", ("kernel.py", "copy"), 90),
-        "decode": Part("decode", ("step.py", "decode", "--batches", "1", "64", "--context", "2048",
-                                  "--reps", "20", "--backends", *backends), 260),  # fmt: skip
-        "offline": Part("offline", ("offline.py", "offline", "--num-prompts", "1000", "--no-hf",
-                                    *FP8, *(a.format(n=512) for a in running)), 330, True),  # fmt: skip
-        "prefix": Part("prefix", ("offline.py", "prefix", "--groups", "64", "--group-size", "16",
-                                  *FP8, *(a.format(n=1024) for a in running)), 420, True),  # fmt: skip
+        "decode": Part(
+            "decode",
+            (
+                "step.py",
+                "decode",
+                "--batches",
+                "1",
+                "64",
+                "--context",
+                "2048",
+                "--reps",
+                "20",
+                "--backends",
+                *backends,
+            ),
+            260,
+        ),  # fmt: skip
+        "offline": Part(
+            "offline",
+            (
+                "offline.py",
+                "offline",
+                "--num-prompts",
+                "1000",
+                "--no-hf",
+                *FP8,
+                *(a.format(n=512) for a in running),
+            ),
+            330,
+            True,
+        ),  # fmt: skip
+        "prefix": Part(
+            "prefix",
+            (
+                "offline.py",
+                "prefix",
+                "--groups",
+                "64",
+                "--group-size",
+                "16",
+                *FP8,
+                *(a.format(n=1024) for a in running),
+            ),
+            420,
+            True,
+        ),  # fmt: skip
         "constrained": Part("constrained", ("offline.py", "constrained", "--no-hf"), 150, True),
     }
 
@@ -128,7 +168,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     names = list(parts(False))
-    ap.add_argument("--parts", default=",".join(names), help="comma-separated, of " + ", ".join(names))
+    ap.add_argument(
+        "--parts", default=",".join(names), help="comma-separated, of " + ", ".join(names)
+    )
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "headline-out"),
                     help="the results folder (default: $OUT, else ./headline-out)")  # fmt: skip
     ap.add_argument("--budget-s", type=float, default=540.0,

@@ -156,7 +156,7 @@ def plot(parts: dict[str, dict[str, Any]], path: Path) -> bool:
     for ax, (title, unit, groups) in zip(axes[0], panels, strict=True):
         width = 0.8 / max(len(g) for g in groups.values())
         shown: set[str] = set()
-        for j, (label, values) in enumerate(groups.items()):
+        for j, values in enumerate(groups.values()):
             names = sorted(values, key=_series_order)
             for i, name in enumerate(names):
                 x = j + (i - (len(names) - 1) / 2) * width
@@ -199,7 +199,11 @@ def _decode_panel(parts: dict[str, dict[str, Any]]) -> Panel | None:
             g["FlashInfer"] = r["pipelined_ms"]
         else:
             g["weft"], g["roofline"] = r["pipelined_ms"], r["roofline_ms"]
-    return ("Llama-3.1-8B decode step, 2048 context", "ms (lower is better)", groups) if groups else None
+    return (
+        ("Llama-3.1-8B decode step, 2048 context", "ms (lower is better)", groups)
+        if groups
+        else None
+    )
 
 
 def _throughput_panel(parts: dict[str, dict[str, Any]]) -> Panel | None:
@@ -213,4 +217,8 @@ def _throughput_panel(parts: dict[str, dict[str, Any]]) -> Panel | None:
             "radix cache on": runs["prefix:on"]["output_tok_per_s"] or 0.0,
             "radix cache off": runs["prefix:off"]["output_tok_per_s"] or 0.0,
         }
-    return ("Llama-3.1-8B offline throughput", "output tok/s (higher is better)", groups) if groups else None
+    return (
+        ("Llama-3.1-8B offline throughput", "output tok/s (higher is better)", groups)
+        if groups
+        else None
+    )

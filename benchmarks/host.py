@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 
-
 ##### Tool calls, stop regexes, model resolution #####
 
 
@@ -71,7 +70,9 @@ def stop_regex(repeats: int) -> None:
                 outcome = "StopRegexTimeout"
             times.append(time.perf_counter() - start)
         shown = pattern.replace("|", "\\|")
-        print(f"| `{shown}` | {len(text)} chars | {statistics.median(times) * 1e3:.2f} | {outcome} |")
+        print(
+            f"| `{shown}` | {len(text)} chars | {statistics.median(times) * 1e3:.2f} | {outcome} |"
+        )
 
 
 def resolve() -> None:
@@ -96,8 +97,9 @@ E2E_SCHEMAS = (
 
 def grammar_e2e(concurrency: list[int], max_new: int, repeats: int) -> None:
     """Decode time per output token on the packaged model: constrained vs unconstrained."""
-    import weft
     from host_grammar import DATA
+
+    import weft
 
     entries = {e["name"]: e for e in json.loads((DATA / "schemas.json").read_text())}
     names = E2E_SCHEMAS * repeats

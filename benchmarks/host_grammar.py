@@ -278,6 +278,7 @@ def make_backend(name: str, tok: Any, timeout: float) -> Callable[[GrammarSpec],
 
 ##### A folder of real-world schemas #####
 
+
 def load_schemas(folder: Path) -> list[tuple[str, Any]]:
     items = []
     for path in sorted(folder.glob("*.json")):

@@ -53,7 +53,13 @@ def run(args: argparse.Namespace, ceiling: float) -> None:
     elif what == "decode":
         import kernel_decode as kd
 
-        bench = kd.bench_splits if args.splits else kd.bench_launches if args.launches else kd.bench_decode
+        bench = (
+            kd.bench_splits
+            if args.splits
+            else kd.bench_launches
+            if args.launches
+            else kd.bench_decode
+        )
         batches = args.batches or ([64, 256, 512] if args.fp8 else [1, 8, 64, 256])
         bench(ceiling, args.fp8, batches, args.kv_len or (1536 if args.fp8 else 2048))
     elif what == "shared":
@@ -94,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     sub = ap.add_subparsers(dest="what", required=True)
 
     def add(name: str, text: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], help=text)  # type: ignore[no-any-return]
+        return sub.add_parser(name, parents=[common], help=text)
 
     add("copy", "device-to-device copy bandwidth")
     add("summary", "decode B=64 and RMSNorm vs copy, argmax vs torch")
@@ -121,7 +127,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     gemv.add_argument("--layers", type=int, default=12, help="distinct weights per graph")
     gemv.add_argument("--reps", type=int, default=20)
     gemv.add_argument("--layers-only", action="store_true", help="only the one-row layer chain")
-    gemv.add_argument("--shapes", nargs="+", choices=["qkv", "o_proj", "gate_up", "down", "lm_head"])
+    gemv.add_argument(
+        "--shapes", nargs="+", choices=["qkv", "o_proj", "gate_up", "down", "lm_head"]
+    )
     blas = add("blas", "cuBLAS vs cuBLASLt per projection and token count")
     blas.add_argument("--tokens", type=int, nargs="+",
                       default=[1, 8, 32, 64, 128, 256, 512, 1024, 4096, 8192])  # fmt: skip

@@ -11,7 +11,9 @@ calls it; the GEMV's has SiLU-and-mul folded in.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +44,7 @@ LAUNCHES = [GemvLaunch(*c) for c in (*CANDIDATES, *(c for c in (
 ) if c not in CANDIDATES))]  # fmt: skip
 
 
-def graph_us(op: Callable[[torch.Tensor], object], weights: list[torch.Tensor], reps: int) -> float:
+def graph_us(op: Callable[[Any], object], weights: Sequence[Any], reps: int) -> float:
     """Microseconds per op of one CUDA graph replay running op over every weight in turn."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -57,6 +59,14 @@ def graph_us(op: Callable[[torch.Tensor], object], weights: list[torch.Tensor], 
     for _ in range(2):
         graph.replay()
     return replay_us(graph, reps) / len(weights)
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, w)
+
+
+def _layer_of(layer: Callable[..., None], gemv_on: frozenset[str], pdl: bool, w: Any) -> None:
+    layer(w, gemv_on, pdl)
 
 
 def _name(launch: GemvLaunch) -> str:
@@ -111,7 +121,7 @@ def bench_layers(layers: int, ceiling: float, reps: int) -> None:
         ("GEMV qkv + o_proj, PDL", qkv_o, True),
     ]
     for label, gemv_on, pdl in variants:
-        us = graph_us(lambda w, g=gemv_on, p=pdl: layer(w, g, p), ws, reps)
+        us = graph_us(partial(_layer_of, layer, gemv_on, pdl), ws, reps)
         print(f"  {us:7.1f} us per layer ({copy_us / us:4.0%} of copy speed)  {label}")
     del ws
     torch.cuda.empty_cache()
@@ -133,11 +143,11 @@ def bench_shape(name: str, n: int, k: int, silu: bool, rows_list: list[int], lay
         x = torch.randn(rows, 2 * k if silu else k, dtype=torch.bfloat16, device=DEV)
         out = torch.empty(rows, n, dtype=torch.bfloat16, device=DEV)
         want = gemv_ref(x, weights[0], None, silu)
-        cublas = graph_us(lambda w, x=x: F.linear(silu_and_mul(x) if silu else x, w), weights, reps)
+        cublas = graph_us(partial(_linear, silu_and_mul(x) if silu else x), weights, reps)
         line = f"  rows {rows}: cuBLAS {cell(cublas)}"
         if silu:
             plain = torch.randn(rows, k, dtype=torch.bfloat16, device=DEV)
-            alone = graph_us(lambda w, plain=plain: F.linear(plain, w), weights, reps)
+            alone = graph_us(partial(_linear, plain), weights, reps)
             line += f" (linear alone {cell(alone)})"
         print(line)
         timed = []
@@ -181,7 +191,7 @@ def bench_blas(ceiling: float, batches: list[int]) -> None:
             cells = []
             for lib in ("cublas", "cublaslt"):
                 torch.backends.cuda.preferred_blas_library(lib)
-                us = graph_us(lambda w, x=x: F.linear(x, w), ws, 10)
+                us = graph_us(partial(_linear, x), ws, 10)
                 cells.append(f"{us:8.1f} ({2 * m * n * k / us / 1e6:5.0f} TF, "
                              f"{n * k * 2 / us / 1e3 / ceiling:4.0%})")  # fmt: skip
             torch.backends.cuda.preferred_blas_library("cublas")

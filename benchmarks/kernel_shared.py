@@ -79,7 +79,9 @@ def bench_prefix_pools(ceiling: float) -> None:
     groups, size, prefix, own = 64, 16, 2048, 160
     bsz = groups * size
     flops = 4 * bsz * HEADS * prefix * DIM
-    print(f"\nthe prefix kernel alone, {groups} groups x {size} on {prefix}: us, TFLOP/s, % of bytes")
+    print(
+        f"\nthe prefix kernel alone, {groups} groups x {size} on {prefix}: us, TFLOP/s, % of bytes"
+    )
     base = decode_setup(bsz, prefix + own)
     blocks, _ = share_prefixes(base, groups, size, prefix)
     splits = decode_splits(bsz, own)

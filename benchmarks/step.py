@@ -142,7 +142,7 @@ def weight_sizes(runner: ModelRunner) -> tuple[int, int, int, bool]:
 
 def variants(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     """('default', {}) and each --variant NAME:KEY=VALUE,..., --rounds times over (a, b, a, b)."""
-    named = [("default", {})] if not args.variant else []
+    named: list[tuple[str, dict[str, Any]]] = [] if args.variant else [("default", {})]
     for text in args.variant:
         name, _, pairs = text.partition(":")
         named.append((name, parse_engine_args(pairs.split(",")) if pairs else {}))

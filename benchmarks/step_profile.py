@@ -43,7 +43,9 @@ Step = tuple[str, int, float, float, float]  # mode, requests, ms: schedule / la
 def add_profile_args(sub: Any, common: argparse.ArgumentParser) -> None:
     """The profile and scheduler subparsers of step.py."""
     shared = argparse.ArgumentParser(add_help=False, parents=[common])
-    shared.add_argument("--backend", default="auto", help="attention backend (auto: triton on CUDA)")
+    shared.add_argument(
+        "--backend", default="auto", help="attention backend (auto: triton on CUDA)"
+    )
     shared.add_argument("--eager", action="store_true", help="no CUDA graphs")
     shared.add_argument("--rows", type=int, default=25, help="rows of the kernel/cProfile tables")
     prof = sub.add_parser("profile", parents=[shared], help="a decode step's kernels by GPU time")
@@ -190,9 +192,9 @@ def timeline_report(gpu: list[dict[str, Any]], steps: int, rows: int = 12) -> li
     for gap, a, b in gaps:
         by_pair.setdefault((a, b), []).append(gap)
     lines.append("idle between kernel pairs, us per step (pair: count per step x median gap):")
-    for (a, b), v in sorted(by_pair.items(), key=lambda kv: -sum(kv[1]))[:rows]:
-        lines.append(f"  {sum(v) / steps:7.1f}  {a} -> {b}: {len(v) / steps:.0f} x "
-                     f"{statistics.median(v):.2f}")  # fmt: skip
+    for (a, b), pair in sorted(by_pair.items(), key=lambda kv: -sum(kv[1]))[:rows]:
+        lines.append(f"  {sum(pair) / steps:7.1f}  {a} -> {b}: {len(pair) / steps:.0f} x "
+                     f"{statistics.median(pair):.2f}")  # fmt: skip
     lines.append("marginal time per step by kernel (us per step, calls per step, own us per call):")
     for name, v in sorted(marginal.items(), key=lambda kv: -sum(m for m, _ in kv[1]))[:rows]:
         own = statistics.median(d for _, d in v)
@@ -252,7 +254,9 @@ def profile_scheduler(args: argparse.Namespace) -> None:
     for name in ("EXTEND", "DECODE"):
         rows = [s for s in steps if s[0] == name]
         if rows:
-            print(f"{name}: {len(rows)} steps, mean batch {statistics.mean(s[1] for s in rows):.1f}")
+            print(
+                f"{name}: {len(rows)} steps, mean batch {statistics.mean(s[1] for s in rows):.1f}"
+            )
             print(split_line(rows))
     if args.cprofile:
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.rows)
@@ -278,7 +282,9 @@ def split_line(rows: list[Step]) -> str:
     cols = [[r[2] for r in rows], [r[3] for r in rows], [r[4] for r in rows]]
     meds = [statistics.median(c) for c in cols]
     sums = [sum(c) / 1e3 for c in cols]
-    text = "; ".join(f"{p} {m:.2f} ms (sum {t:.2f} s)" for p, m, t in zip(parts, meds, sums, strict=True))
+    text = "; ".join(
+        f"{p} {m:.2f} ms (sum {t:.2f} s)" for p, m, t in zip(parts, meds, sums, strict=True)
+    )
     return f"  medians per step: {text}; step {sum(meds):.2f} ms"
 
 

@@ -67,9 +67,15 @@ def test_rows_name_the_peer_or_ceiling_of_the_same_run() -> None:
     bs1 = rows["decode step, batch 1, 2048 context (triton+graph)"]
     assert bs1.value == "4.24 ms" and bs1.device == "H200" and bs1.date == "2026-12-05 (abc1234)"
     assert bs1.against.startswith("roofline 3.62 ms at 4,200 GB/s (1.17×); FlashInfer 4.90 ms")
-    assert "FlashInfer not installed" in rows["decode step, batch 64, 2048 context (triton+graph)"].against
+    assert (
+        "FlashInfer not installed"
+        in rows["decode step, batch 64, 2048 context (triton+graph)"].against
+    )
     assert rows["offline 1000 × 1000/1000 in/out"].value == "12,302 output tok/s"
-    assert "decode 1,998 × 28.6 ms, extend 123 × 189.6 ms" in rows["offline 1000 × 1000/1000 in/out"].against
+    assert (
+        "decode 1,998 × 28.6 ms, extend 123 × 189.6 ms"
+        in rows["offline 1000 × 1000/1000 in/out"].against
+    )
     prefix = rows["prefix sharing 1024 × 2176/256, radix cache on / off"]
     assert prefix.value == "4.64×" and "off 75.5 s" in prefix.against
     constrained = next(r for r in rows.values() if r.part == "constrained")
@@ -102,9 +108,24 @@ def test_suite_on_cpu_with_tiny_parts(tmp_path: Path, monkeypatch: pytest.Monkey
         "max_position_embeddings": 256, "bos_token_id": 1, "eos_token_id": 2}))  # fmt: skip
     tiny = {
         "copy": headline.Part("copy", ("kernel.py", "copy"), 120),
-        "decode": headline.Part("decode", ("step.py", "decode", "--config", str(tmp_path),
-                                           "--backends", "torch", "--batches", "1", "--context",
-                                           "16", "--reps", "2"), 300),  # fmt: skip
+        "decode": headline.Part(
+            "decode",
+            (
+                "step.py",
+                "decode",
+                "--config",
+                str(tmp_path),
+                "--backends",
+                "torch",
+                "--batches",
+                "1",
+                "--context",
+                "16",
+                "--reps",
+                "2",
+            ),
+            300,
+        ),  # fmt: skip
     }
     monkeypatch.setattr(headline, "parts", lambda flashinfer: tiny)
     out = tmp_path / "out"
