@@ -85,26 +85,48 @@ def device_name() -> str:
 def git_commit() -> str:
     """The checkout's short commit, with '+' when it has uncommitted changes ('unknown' outside
     a git checkout)."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = str(Path(__file__).resolve().parents[1])
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", repo, *args], capture_output=True, text=True, check=True
+        )
+        return done.stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        head, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "-uno")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+" if dirty else "")
 
 
 ##### Dummy-weight model folders #####
+
+# A Llama config small enough for smoke runs on CPU (tests, and `--config` of any entry point)
+TINY_LLAMA: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 600,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 512,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
+
+
+def write_config(folder: Path, **over: Any) -> Path:
+    """`folder` (created) with TINY_LLAMA's config.json, `over` on top; returns the folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({**TINY_LLAMA, **over}))
+    return folder
 
 
 def bytes_to_unicode() -> dict[int, str]:

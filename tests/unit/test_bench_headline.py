@@ -11,6 +11,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))  # the scripts import their helpers as top-level modules
+import bench_utils  # noqa: E402
 import headline  # noqa: E402
 import headline_report  # noqa: E402
 
@@ -101,11 +102,7 @@ def test_merge_of_two_calls_writes_table_and_plot(tmp_path: Path) -> None:
 
 def test_suite_on_cpu_with_tiny_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The copy part and a decode part on a tiny config: subprocesses, logs, results, rows."""
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 300,
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-        "max_position_embeddings": 256, "bos_token_id": 1, "eos_token_id": 2}))  # fmt: skip
+    bench_utils.write_config(tmp_path, num_hidden_layers=1, max_position_embeddings=256)
     tiny = {
         "copy": headline.Part("copy", ("kernel.py", "copy"), 120),
         "decode": headline.Part(

@@ -26,23 +26,7 @@ bo = importlib.util.module_from_spec(_spec)
 sys.modules["bench_offline"] = bo
 _spec.loader.exec_module(bo)
 
-TINY_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 700,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 512,
-    "bos_token_id": 1,
-    "eos_token_id": [2, 699],
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-}
+TINY_CONFIG = {**bench_utils.TINY_LLAMA, "vocab_size": 700, "eos_token_id": [2, 699]}
 TINY_ARGS = [
     *("--num-prompts", "6", "--input-len", "12", "--output-len", "6"),
     *("--hf-num-prompts", "4", "--hf-batch", "2"),

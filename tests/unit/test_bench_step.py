@@ -16,23 +16,6 @@ import bench_utils  # noqa: E402
 import step  # noqa: E402
 import step_profile  # noqa: E402
 
-TINY = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 300,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "max_position_embeddings": 512,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-}
-
 
 def test_roofline_of_llama_8b_at_batch_1() -> None:
     # Llama-3.1-8B: 8.03 B parameters in bf16, of which the 128256 x 4096 input embedding; a
@@ -89,7 +72,7 @@ def test_marginal_time_counts_overlap_once_and_gaps_as_idle() -> None:
 def test_decode_on_cpu_writes_rows_and_a_table(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    bench_utils.write_config(tmp_path, hidden_size=32, intermediate_size=64, head_dim=8)
     out = tmp_path / "step.json"
     argv = ["decode", "--config", str(tmp_path), "--backends", "torch", "--batches", "1", "3",
             "--context", "20", "--reps", "2", "--output-file", str(out)]  # fmt: skip
