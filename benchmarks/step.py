@@ -123,9 +123,8 @@ def build_runner(kwargs: dict[str, Any]) -> ModelRunner:
     return ModelRunner(config, Path(kwargs["model"]), hf, config.context_length or 4096)
 
 
-def free(runner: ModelRunner | None) -> None:
-    """Drop a runner and give its memory back before the next one is built."""
-    del runner
+def release() -> None:
+    """Give the memory of a dropped runner (its graphs, pool, weights) back before the next."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -175,7 +174,8 @@ def run_decode(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any
                                         "roofline_ms": roof * 1e3, "x_roofline": t_pipe / roof}))  # fmt: skip
             except Exception as e:  # report it and go on with the other backends
                 rows.append(report({"backend": label, "error": f"{type(e).__name__}: {e}"}))
-            free(runner)
+            runner = None
+            release()
     return rows
 
 
@@ -196,7 +196,8 @@ def run_prefill(args: argparse.Namespace) -> list[dict[str, Any]]:
                                     "TFLOP/s": flop_bytes * 1024 * n / t / 1e12}))  # fmt: skip
         except Exception as e:
             rows.append(report({"backend": backend, "error": f"{type(e).__name__}: {e}"}))
-        free(runner)
+        runner = None
+        release()
     return rows
 
 

@@ -107,11 +107,23 @@ def engine_config(args: argparse.Namespace, folder: Path, **more: Any) -> Engine
 
 
 def sync_ms(fn: Any) -> tuple[Any, float]:
-    torch.cuda.synchronize()
+    """fn's result and its ms, the device idle before and after (on CPU: the host's clock)."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     out = fn()
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     return out, (time.perf_counter() - t0) * 1e3
+
+
+def activities() -> tuple[list[Any], str]:
+    """The profiler's activities here, and the column to sort its table by."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        return [*acts, torch.profiler.ProfilerActivity.CUDA], "self_cuda_time_total"
+    return acts, "self_cpu_time_total"
 
 
 def time_phases(runner: ModelRunner, batch: Batch) -> list[float]:
@@ -141,12 +153,10 @@ def profile_runner(args: argparse.Namespace) -> None:
         _, t_all = sync_ms(lambda batch=batch: runner.forward(batch))
         line = ", ".join(f"{k} {statistics.median(v):.3f} ms" for k, v in phases.items())
         print(f"\n== decode B={b} ctx={args.context}: {line}; whole forward {t_all:.3f} ms")
-        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        acts, sort_by = activities()
         with torch.profiler.profile(activities=acts) as prof:
-            for _ in range(3):
-                runner.forward(batch)
-            torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=args.rows,
+            sync_ms(lambda batch=batch: [runner.forward(batch) for _ in range(3)])
+        print(prof.key_averages().table(sort_by=sort_by, row_limit=args.rows,
                                         max_name_column_width=70))  # fmt: skip
         gpu = gpu_events(prof)
         if gpu:
@@ -305,8 +315,7 @@ class KernelTrace:
         if self.prof is None:
             if not (big and self.left > 0):
                 return
-            acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-            self.prof = torch.profiler.profile(activities=acts)
+            self.prof = torch.profiler.profile(activities=activities()[0])
             self.prof.start()
         elif self.left == 0 or not big:
             self._stop()
@@ -328,7 +337,7 @@ class KernelTrace:
         print(f"kernels of {self.traced} {self.mode.name.lower()} steps at batch >= "
               f"{self.min_batch} (with overlap scheduling, the first traced step's GPU work may "
               f"fall partly outside the trace):")  # fmt: skip
-        for key in ("self_cuda_time_total", "self_cpu_time_total"):
+        for key in dict.fromkeys((activities()[1], "self_cpu_time_total")):
             print(f"by {key}:")
             print(self.prof.key_averages().table(sort_by=key, row_limit=rows,
                                                  max_name_column_width=70))  # fmt: skip
