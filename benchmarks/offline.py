@@ -45,7 +45,7 @@ from offline_report import report
 
 REPO = Path(__file__).resolve().parents[1]
 SPENT = "skipped: time budget spent"
-# flag: (default, in --mode all) — the sizes, and what fits the 8-minute H200 run
+# flag: (default, in the all mode): the published workloads, and what fits one 8-minute device call
 SCALED = {"num_prompts": (1000, 500), "groups": (64, 16), "noshare_prompts": (128, 64)}
 
 ##### Running the plan #####
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     print(f"{meta['device']}: copy bandwidth {meta['copy_GBps']:,.0f} GB/s (read + write)")
     for line in args.scaled:
-        print(f"scaled down for --mode all: {line}", flush=True)
+        print(f"scaled down for the all mode: {line}", flush=True)
     with tempfile.TemporaryDirectory(prefix="weft-bench-") as tmp:
         folder, meta["tokenizer"] = model_folder(args.model, Path(tmp))
         args.folder = str(folder)

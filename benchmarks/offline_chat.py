@@ -1,4 +1,4 @@
-"""The CPU chat comparison of benchmarks/offline.py (--mode chat): real prompts, concurrency 1 and N."""
+"""The chat mode of benchmarks/offline.py: the packaged model on CPU against HF, concurrency 1 and N."""
 
 from __future__ import annotations
 
