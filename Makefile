@@ -34,8 +34,14 @@ test: $(STAMP) lint
 serve: $(STAMP)
 	$(BIN)/weft serve $(ARGS)
 
+# With CUDA: the headline suite (BENCHMARKS.md; ARGS e.g. "--parts decode,offline"); without: the
+# packaged model on CPU against HF transformers (benchmarks/offline.py chat)
 bench: $(STAMP)
-	$(BIN)/python benchmarks/offline.py
+	@if $(BIN)/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+		$(BIN)/python benchmarks/headline.py $(ARGS); \
+	else \
+		$(BIN)/python benchmarks/offline.py chat $(ARGS); \
+	fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info

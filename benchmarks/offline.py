@@ -1,12 +1,16 @@
 """Offline weft.Engine benchmarks: throughput vs HF, prefix sharing, constrained decoding, ablations.
 
     python benchmarks/offline.py                  # chat: CPU, packaged SmolLM2 vs HF, concurrency 1 / 16
-    python benchmarks/offline.py --mode all       # the H200 suite on the Llama-3.1-8B config (~8 min)
-    python benchmarks/offline.py --mode offline --num-prompts 200 --input-len 512 --output-len 256
+    python benchmarks/offline.py programs         # DSL programs on CPU, radix cache on vs off
+    python benchmarks/offline.py offline --num-prompts 1000 --no-hf   # the headline run (GPU)
+    python benchmarks/offline.py prefix --engine-arg tuning.gemv=off  # any EngineConfig field
 
-Modes other than chat run on `--model` (default benchmarks/configs/llama-3.1-8b) with dummy random
-weights; a folder without a tokenizer gets a synthetic byte-level one of the config's vocabulary size.
-Prompts are random token ids of fixed length; greedy; output lengths fixed with ignore_eos.
+Modes other than chat and programs run on `--model` (default benchmarks/configs/llama-3.1-8b)
+with dummy random weights; a folder without a tokenizer gets a synthetic byte-level one of the
+config's vocabulary size. Prompts are random token ids of fixed length; greedy; output lengths
+fixed with ignore_eos.
+  chat         the packaged model on CPU, chat prompts, concurrency 1 and N; HF `generate` peer.
+  programs     few-shot and fork-heavy DSL programs on the packaged model, radix cache on / off.
   offline      N requests submitted at once: output tok/s. HF transformers `generate` (static cache,
                batch 64, random weights of the same config) on the first requests: weft / HF.
   prefix       G groups × R requests sharing a P-token prefix (+ Q-token question, O outputs), and
@@ -15,8 +19,9 @@ Prompts are random token ids of fixed length; greedy; output lengths fixed with 
                per-request output lengths: time per output token and the overhead.
   ablations    one workload on the default engine and on variants: CUDA graphs off, Triton vs
                FlashInfer (both eager), any --variant.
-  all          every mode above, scaled to fit --budget-s (printed); one engine per configuration.
-Each run measures the copy bandwidth (the memory ceiling) and ends with markdown tables.
+  all          every engine mode above, scaled to fit --budget-s (printed); one engine per
+               configuration.
+Each engine mode measures the copy bandwidth (the memory ceiling) and ends with markdown tables.
 """
 
 from __future__ import annotations
@@ -33,14 +38,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_utils import copy_bandwidth, device_name, model_folder
+from bench_utils import copy_bandwidth, device_name, git_commit, model_folder, parse_kv
 from offline_jobs import RunResult, hf_peer
-from offline_plan import MODES, EngineSpec, Plan, build_plan, parse_kv
+from offline_plan import MODES, EngineSpec, Plan, build_plan
 from offline_report import report
 
 REPO = Path(__file__).resolve().parents[1]
 SPENT = "skipped: time budget spent"
-# flag: (default, in --mode all) — the issue's sizes, and what fits the 8-minute H200 run
+# flag: (default, in the all mode): the published workloads, and what fits one 8-minute device call
 SCALED = {"num_prompts": (1000, 500), "groups": (64, 16), "noshare_prompts": (128, 64)}
 
 ##### Running the plan #####
@@ -154,9 +159,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         group.add_argument(flag, default=default, help=text + shown, **kw)
 
     run = ap.add_argument_group("run")
-    opt(run, "--mode", "chat", "what to measure (see above)", choices=MODES)
-    opt(run, "--model", None, "chat: HF folder or .gguf (default: SmolLM2); else a config folder "
-        "(default: benchmarks/configs/llama-3.1-8b)")  # fmt: skip
+    run.add_argument("mode", nargs="?", default="chat", choices=MODES, help="what to measure "
+                     "(see above; default: chat)")  # fmt: skip
+    opt(run, "--model", None, "chat, programs: HF folder or .gguf (default: SmolLM2); else a "
+        "config folder (default: benchmarks/configs/llama-3.1-8b)")  # fmt: skip
     opt(run, "--load-format", "dummy", "weights for the non-chat modes", choices=["dummy", "auto"])
     opt(run, "--engine-arg", [], "an EngineConfig field for every engine", action="append",
         metavar="KEY=VALUE")  # fmt: skip
@@ -165,7 +171,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opt(run, "--seed", 0, "seed of the random prompts", type=int)
     opt(run, "--output-file", None, "JSON results + markdown, rewritten after each step")
     off = ap.add_argument_group("offline (and chat)")
-    opt(off, "--num-prompts", None, "requests (offline 1000, 500 in all; chat 16)", type=int)
+    opt(off, "--num-prompts", None, "requests (offline 1000, 500 in all; chat 16; programs 16 "
+        "few-shot, a quarter as many fork-heavy)", type=int)  # fmt: skip
     opt(off, "--input-len", 1000, "prompt tokens", type=int)
     opt(off, "--output-len", 1000, "output tokens", type=int)
     opt(off, "--no-hf", True, "skip the HF transformers peer", dest="hf", action="store_false")
@@ -173,6 +180,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opt(off, "--hf-batch", 64, "HF: requests per generate call", type=int)
     opt(off, "--hf-compile", "auto", "auto: transformers' own choice", choices=["auto", "off"])
     opt(off, "--new-tokens", 64, "chat: output tokens", type=int)
+    opt(off, "--program-tokens", 8, "programs: max_new_tokens of each gen", type=int)
     opt(off, "--concurrency", [1, 16], "chat: a run each", type=int, nargs="+")
     pre = ap.add_argument_group("prefix")
     opt(pre, "--groups", None, "G groups sharing a prefix (64; 16 in all)", type=int)
@@ -197,7 +205,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.engine_arg = parse_kv(args.engine_arg)
     args.scaled = []
-    if args.mode == "chat":
+    if args.mode in ("chat", "programs"):
         args.num_prompts = args.num_prompts or 16
         return args
     for name, (full, in_all) in SCALED.items():
@@ -218,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
 
         run_chat(args)
         return 0
+    if args.mode == "programs":
+        from offline_programs import run_programs
+
+        run_programs(args.model, args.num_prompts, args.program_tokens)
+        return 0
     args.t0 = time.monotonic()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
@@ -227,13 +240,13 @@ def main(argv: list[str] | None = None) -> int:
         bandwidth = copy_bandwidth(256 << 20, 5, "cpu")
     meta: dict[str, Any] = {
         "command": shlex.join(["python", "benchmarks/offline.py", *argv]),
-        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"), "commit": git_commit(),
         "device": device_name(), "copy_GBps": bandwidth / 1e9, "model": args.model,
         "scaled": args.scaled, "budget_s": args.budget_s, "torch": torch.__version__,
     }  # fmt: skip
     print(f"{meta['device']}: copy bandwidth {meta['copy_GBps']:,.0f} GB/s (read + write)")
     for line in args.scaled:
-        print(f"scaled down for --mode all: {line}", flush=True)
+        print(f"scaled down for the all mode: {line}", flush=True)
     with tempfile.TemporaryDirectory(prefix="weft-bench-") as tmp:
         folder, meta["tokenizer"] = model_folder(args.model, Path(tmp))
         args.folder = str(folder)

@@ -1,4 +1,4 @@
-"""The CPU chat comparison of benchmarks/offline.py (--mode chat): real prompts, concurrency 1 and N."""
+"""The chat mode of benchmarks/offline.py: the packaged model on CPU against HF, concurrency 1 and N."""
 
 from __future__ import annotations
 
@@ -85,9 +85,8 @@ def run_chat(args: argparse.Namespace) -> None:
         engine.shutdown()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    hf = (
-        transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
-    )
+    hf: Any = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    hf = hf.to(device).eval()
     hf_tok = transformers.AutoTokenizer.from_pretrained(model_path)
     for c in args.concurrency:
         bench_hf(hf, hf_tok, prompts[:c], 4, c)  # warm-up

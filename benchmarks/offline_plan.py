@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench_utils import merge_kwargs, parse_kv
 from offline_jobs import (
     RunResult,
     Workload,
@@ -18,7 +19,10 @@ from offline_jobs import (
     shared_prefix_workload,
 )
 
-MODES = ("chat", "offline", "prefix", "constrained", "ablations", "all")
+# chat and programs run the packaged model on CPU; the others build engines on --model (dummy
+# weights), `all` runs every engine mode
+ENGINE_MODES = ("offline", "prefix", "constrained", "ablations")
+MODES = ("chat", "programs", *ENGINE_MODES, "all")
 Job = Callable[[Any, float, str], list[RunResult]]  # (engine, hard deadline, engine label)
 
 
@@ -50,7 +54,7 @@ class Plan:
         )
         k["disable_cuda_graph"] = self.device != "cuda" or bool(k.get("disable_cuda_graph"))
         k["disable_radix_cache"] = bool(k.get("disable_radix_cache"))
-        return tuple(sorted((n, json.dumps(v)) for n, v in k.items()))
+        return tuple(sorted((n, json.dumps(v, sort_keys=True)) for n, v in k.items()))
 
     def label(self, kwargs: dict[str, Any]) -> str:
         """'triton, CUDA graphs', 'triton, eager, radix cache off', 'torch, schedule_policy=lpm'."""
@@ -61,10 +65,19 @@ class Plan:
         if json.loads(k.pop("disable_radix_cache")):
             parts.append("radix cache off")
         k.pop("disable_cuda_graph")
-        return ", ".join(parts + [f"{n}={json.loads(v)}" for n, v in k.items() if base.get(n) != v])
+        for name, text in k.items():
+            value = json.loads(text)
+            if base.get(name) == text:
+                continue
+            if isinstance(value, dict):  # tuning: the fields that differ, as tuning.gemv=off
+                was = json.loads(base[name]) if name in base else {}
+                parts += [f"{name}.{f}={x}" for f, x in value.items() if was.get(f) != x]
+            else:
+                parts.append(f"{name}={value}")
+        return ", ".join(parts)
 
     def add(self, over: dict[str, Any], section: str, key: str, job: Job) -> None:
-        kwargs = {**self.base, **over}
+        kwargs = merge_kwargs(self.base, over)
         spec = self.engines.setdefault(self.key(kwargs), EngineSpec(self.label(kwargs), kwargs))
         if key not in [k for _, k, _ in spec.jobs]:
             spec.jobs.append((section, key, job))
@@ -95,7 +108,7 @@ def build_plan(args: argparse.Namespace, device: str, model: dict[str, Any]) -> 
     """`model`: the config.json. Sets args.offline_work (the HF peer runs its first requests)."""
     base = {"model": args.folder, "load_format": args.load_format, **args.engine_arg}
     plan, vocab, seed = Plan(device, base), int(model["vocab_size"]), args.seed
-    modes = set(MODES[1:-1]) if args.mode == "all" else {args.mode}
+    modes = set(ENGINE_MODES) if args.mode == "all" else {args.mode}
     if "offline" in modes:
         work = fixed_workload(
             "offline", args.num_prompts, args.input_len, args.output_len, vocab, seed
@@ -142,7 +155,7 @@ def add_ablations(plan: Plan, args: argparse.Namespace, vocab: int) -> None:
     plan.add_workload({}, work, "ablations", "ablation:base")
     for name, over in ablation_variants(args):
         try:
-            key = plan.key({**plan.base, **over})  # raises for a backend this device lacks
+            key = plan.key(merge_kwargs(plan.base, over))  # raises for a backend this device lacks
             if plan.device != "cuda" and "disable_cuda_graph" in over:
                 raise ValueError("no CUDA device: CUDA graphs do not apply")
             if key == plan.key(plan.base):
@@ -152,7 +165,7 @@ def add_ablations(plan: Plan, args: argparse.Namespace, vocab: int) -> None:
             skip.error = f"skipped: {e}"
             plan.skipped.append(skip)
             continue
-        name = f"ablation:{plan.label({**plan.base, **over})}"
+        name = f"ablation:{plan.label(merge_kwargs(plan.base, over))}"
         plan.add_workload(over, work, "ablations", name)
 
 
@@ -165,18 +178,4 @@ def ablation_variants(args: argparse.Namespace) -> list[tuple[str, dict[str, Any
     for text in args.variant:
         name, _, pairs = text.partition(":")
         out.append((name, parse_kv(pairs.split(",")) if pairs else {}))
-    return out
-
-
-def parse_kv(items: list[str]) -> dict[str, Any]:
-    """KEY=VALUE pairs; values parse as JSON when they can (true, 3, 0.5), else stay strings."""
-    out: dict[str, Any] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
-        try:
-            out[name.strip()] = json.loads(value)
-        except ValueError:
-            out[name.strip()] = value
     return out

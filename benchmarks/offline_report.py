@@ -103,7 +103,7 @@ def report(meta: dict[str, Any], results: list[RunResult]) -> str:
     lines = [
         f"### weft offline benchmarks ({meta['date']})",
         "",
-        f"- command: `{meta['command']}`",
+        f"- command: `{meta['command']}` (commit {meta.get('commit', 'unknown')})",
         f"- device: {meta['device']}; copy bandwidth measured in this run: "
         f"{meta['copy_GBps']:,.0f} GB/s (bytes read + written)",
         f"- model: {meta['model']}, dummy random weights; {meta['tokenizer']}; torch {meta['torch']}",

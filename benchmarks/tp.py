@@ -26,8 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_utils import copy_bandwidth, device_name, markdown_table, model_folder
-from offline_plan import parse_kv
+from bench_utils import copy_bandwidth, device_name, markdown_table, model_folder, parse_kv
 
 import weft
 

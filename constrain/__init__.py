@@ -13,7 +13,7 @@ from weft.constrain.spec import GrammarSpec
 from weft.constrain.vocab import TokenSpace, token_space
 
 BACKENDS = ("llguidance", "outlines")
-DEFAULT_BACKEND = "llguidance"  # measured: see benchmarks/constrain.py
+DEFAULT_BACKEND = "llguidance"  # measured: `benchmarks/host.py grammar`
 DEFAULT_JSON_WHITESPACE = 16
 
 

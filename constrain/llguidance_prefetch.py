@@ -39,7 +39,7 @@ class MaskWorker:
 
     NOTE: on the H200 host (16 cores, batch 32, a 128k-token vocabulary) the p99 fill was 31.9 us
     with one thread, 24.3 with two and 5.0 with three; 7 threads gave 325 us against 122 for one
-    (GIL contention) (`benchmarks/offline.py --mode constrained`, its fill columns). So
+    (GIL contention) (`benchmarks/offline.py constrained --engine-arg tuning.grammar_mask_threads=N`: fill p50/p99). So
     `default_workers`: 3, fewer where the cores are fewer.
     """
 

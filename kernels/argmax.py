@@ -1,7 +1,7 @@
 """Row-wise argmax over the vocabulary (greedy sampling): chunks of a row in parallel, then a merge.
 
 torch's argmax gives a row of 128k logits to few blocks: 33-36 us per step on the H200 at batch 1
-to 64, 0.7% of a batch-1 decode step (BENCHMARKS.md, eighteenth session). Here each row is
+to 64, 0.7% of a batch-1 decode step (`benchmarks/kernel.py elementwise`). Here each row is
 split into CHUNK-wide programs, and a second kernel merges their (max, index) pairs.
 """
 

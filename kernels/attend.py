@@ -50,18 +50,18 @@ def _attend(  # type: ignore[no-untyped-def]
     NOTE: with FP16_DOTS (an fp8 pool under a 16-bit q) both dots run in float16: e4m3 ->
     float16 is one instruction per two values on sm_89+, e4m3 -> bfloat16 takes more. At batch
     512, kv 1536 on an fp8 pool: 697 -> 636 us (block_n 128; 907.8 us at the old block_n 64),
-    60% of the copy ceiling; moving the bits with integer ops instead: 868 us (BENCHMARKS.md,
-    seventh session). Every e4m3 value is exact in float16; a bf16 q loses range beyond 65504.
+    60% of the copy ceiling; moving the bits with integer ops instead: 868 us (`benchmarks/kernel.py
+    decode --fp8 --batches 512`). Every e4m3 value is exact in float16; a bf16 q loses range beyond 65504.
     NOTE: V_STAGED: a V tile is the dot's second operand with its rows (keys) as the reduction,
     and mma wants consecutive keys per register; ldmatrix.trans transposes 16-bit tiles, nothing
     transposes 8-bit ones, so a conversion sunk into the operand reads V byte by byte (128
-    ld.shared.b8 per thread per tile; benchmarks/ptx_loop.py). Converted where loaded, V goes
+    ld.shared.b8 per thread per tile: the PTX, `git show 0405bc0:benchmarks/ptx_loop.py`). Converted where loaded, V goes
     through shared memory as float16 and ldmatrix.trans: at batch 512, kv 1536, 632 -> 506 us,
-    61% -> 76% of copy (FlashInfer's fp8 decode: 679 us; BENCHMARKS.md, ninth session).
+    61% -> 76% of copy (FlashInfer's fp8 decode: 679 us; `benchmarks/kernel.py decode --fp8`).
     NOTE: transposing both dots (K q^T and V^T p^T, so their rows are 64-128 keys or dims and
     Hopper's wgmma applies instead of mma.sync) was slower at every batch and launch tried:
     batch 64, kv 2048, bf16: 130.8 us plain vs 164.0 us; batch 512, kv 1536, fp8: 487.9 vs
-    581.2 us (BENCHMARKS.md, sixteenth session; the code is in commit ee312c3).
+    581.2 us (`benchmarks/kernel.py decode`; the transposed code is in commit ee312c3).
     """
     if FP16_DOTS:
         q = q.to(tl.float16)

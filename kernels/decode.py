@@ -274,8 +274,8 @@ def decode_attention(
     if shared is not None and k_buffer.element_size() == 1 and not fp32:
         # NOTE: the members' own keys behind a shared prefix are few (the prefix-sharing run:
         # 129-384): 32-key tiles under 2 warps, many programs per SM (measured on the H200 with
-        # `benchmarks/kernels.py`'s shared-prefix decode: both kernels 353 -> 280 us at 160 own
-        # keys, 440 -> 425 us at 384)
+        # `benchmarks/kernel.py shared --fp8 --own 160 --launches` (and --own 384): both kernels
+        # 353 -> 280 us at 160 own keys, 440 -> 425 us at 384)
         own_launch = (32, 2, 2)
     block_n = plan.block_n or own_launch[0] or default_n
     num_warps = plan.num_warps or own_launch[1]

@@ -199,7 +199,7 @@ def extend_attention(
     # program per SM (two would need <= 128 registers: it spills there).
     # NOTE: packing is opt-in: on the H200 it ran at 0.88-0.93x of one program per q head at every
     # shape measured (prefill 8 x 2048, 8 x (1024 + 1024), 64 x (2048 cached + 128), bf16 and fp8
-    # pools; BENCHMARKS.md, tenth session). Unpacked over an fp8 pool, 128 x 128 tiles under 8
+    # pools; `benchmarks/kernel.py extend`, tiles: `--launches`). Unpacked over an fp8 pool, 128 x 128 tiles under 8
     # warps were best (+13-15% over 64 x 64 at 64 x (2048 + 128)); over bf16, 64 x 64 under 4.
     fp8_pool = k_buffer.element_size() == 1 and not fp32
     block_m, block_n = _tiles(fp32, fp8_pool, dim, pack_gqa, block_m, block_n)

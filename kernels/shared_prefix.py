@@ -136,7 +136,7 @@ def shared_prefix_splits(
     tiles = triton.cdiv(members, block_m)
     f16 = fp16_dots(q, k_buffer)
     # NOTE: over an fp8 pool (128-key tiles) 2 stages beat 3: 140.8 vs 145.6 us; over bf16 (64
-    # keys) 3 beat 2: 163.0 vs 260.4 us (64 groups x 16 on 2048; BENCHMARKS.md, 17th session)
+    # keys) 3 beat 2: 163.0 vs 260.4 us (64 groups x 16 on 2048; `benchmarks/kernel.py shared --pools`)
     stages = shared.num_stages or (2 if fp32 or f16 else 3)
     _prefix_split_kernel[(nb * tiles, k_buffer.shape[1], shared.num_splits)](
         q, k_buffer, v_buffer, req_to_token,

@@ -7,11 +7,11 @@ import triton
 import triton.language as tl
 
 # One 64-key block per split is enough work once the reduce merges all splits in one pass
-# (was 256 with a serial merge; see BENCHMARKS.md, sixth session).
+# (was 256 with a serial merge; `benchmarks/kernel.py decode --splits`).
 MIN_SPLIT_TOKENS = 64
 # The split count's model (decode_num_kv_splits), fitted to the default bf16 launch (64 keys,
-# 4 warps) at kv 2048 in CUDA graphs on the H200, batch 1 to 128 (BENCHMARKS.md, fifteenth
-# session): it picks the measured best count (or one within 2% of it) at every batch there;
+# 4 warps) at kv 2048 in CUDA graphs on the H200, batch 1 to 128 (`benchmarks/kernel.py decode
+# --splits --batches 1 2 4 8 16 32 64 128`): it picks the measured best count (or one within 2% of it) at every batch there;
 # the old rule (~4 programs per SM) ran 4-21% slower at batches 8-96.
 RESIDENT_PROGRAMS = 4
 SATURATING_PROGRAMS = 2.4
@@ -19,8 +19,8 @@ SPLIT_COST = 0.96
 # The same model for an fp8 pool's launch (128 keys, 4 warps, 3 stages: 140-146 registers and
 # 73 KB of shared memory, so 3 programs per SM), fitted the same way at batch 1 to 512: it picks
 # the measured best at every batch but 1 (32 splits, 13.1 us, against 16 at 12.3). The bf16
-# model there picked counts up to 17% slower (batch 64: 124.6 vs 106.7 us; BENCHMARKS.md,
-# eighteenth session).
+# model there picked counts up to 17% slower (batch 64: 124.6 vs 106.7 us; `benchmarks/kernel.py
+# decode --fp8 --splits`).
 FP8_RESIDENT_PROGRAMS = 3
 FP8_SATURATING_PROGRAMS = 1.6
 FP8_SPLIT_COST = 0.93

@@ -19,10 +19,10 @@ from weft.runtime.models.layers import GemvPlan, Projection, Shape
 
 logger = logging.getLogger(__name__)
 # GemvLaunch fields (block_n, block_k, split_k, num_warps, num_stages) timed per shape: the
-# best launches of Llama-3.1-8B's projections on the H200 (benchmarks/gemv_chain.py): one K slice
+# best launches of Llama-3.1-8B's projections on the H200 (`benchmarks/kernel.py gemv`): one K slice
 # for K = 4096 (qkv, o_proj, gate_up, lm_head), four for the down projection's 14336. (K split
 # 2-4 ways for qkv and o_proj, summed by the last split, stayed slower than one slice at one
-# row: BENCHMARKS.md, twenty-third session.)
+# row: `benchmarks/kernel.py gemv --rows 1 --shapes qkv o_proj`.)
 CANDIDATES = (
     (64, 128, 1, 4, 4), (64, 128, 1, 4, 6), (64, 64, 1, 4, 8), (64, 128, 2, 4, 4),
     (128, 128, 4, 8, 4),
@@ -128,7 +128,7 @@ class _GraphTimer:
 LIBRARIES = ("cublas", "cublaslt")
 # cuBLASLt is taken only where it saves at least this share of the GEMMs' time: a smaller
 # difference is within the timing's noise (H200: down at batch 64, 33.2 vs 37.4 us per layer;
-# at batch 8 the other way, 36.1 vs 32.9: BENCHMARKS.md, fifteenth session)
+# at batch 8 the other way, 36.1 vs 32.9: `benchmarks/kernel.py blas --tokens 8 64`)
 MIN_GAIN = 0.02
 
 

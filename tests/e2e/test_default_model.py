@@ -140,12 +140,11 @@ def test_tokenizer_matches_gguf_tokenizer(converted, reference_tokenizer):
 
 
 def test_second_resolve_reuses_folder(converted, weft_cache):
+    """The converted folder is reused untouched (how long that takes: `python benchmarks/host.py
+    resolve`)."""
     before = {p.name: p.stat().st_mtime_ns for p in [converted, *converted.iterdir()]}
-    start = time.perf_counter()
     again = resolve_model_path(None, weft_cache)
-    elapsed = time.perf_counter() - start
     assert again == converted
     assert {p.name: p.stat().st_mtime_ns for p in [converted, *converted.iterdir()]} == before
     left = sorted(p.name for p in weft_cache.iterdir())  # no staging leftovers
     assert left == sorted([converted.name, f".{converted.name}.lock"])
-    assert elapsed < 10, f"second resolve took {elapsed:.1f} s: it should only hash the file"

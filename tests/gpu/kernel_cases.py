@@ -19,11 +19,11 @@ DEV = "cuda"
 __all__ = ["DEV", "TOL", "assert_close", "random_pool", "ragged", "ref", "wk"]
 
 
-def _kernel_bench() -> ModuleType:
-    """benchmarks/kernel_bench.py, loaded by path (it builds the random paged pools)."""
-    name = "bench_kernels"
+def _kernel_util() -> ModuleType:
+    """benchmarks/kernel_util.py, loaded by path (it builds the random paged pools)."""
+    name = "bench_kernel_util"
     if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_bench.py"
+        path = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_util.py"
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
@@ -34,7 +34,7 @@ def _kernel_bench() -> ModuleType:
 
 def random_pool(*args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
     """(k_buffer, v_buffer, req_to_token, req_rows): see the benchmark's random_pool."""
-    return _kernel_bench().random_pool(*args, **kwargs)  # type: ignore[no-any-return]
+    return _kernel_util().random_pool(*args, **kwargs)  # type: ignore[no-any-return]
 
 
 def assert_close(out: torch.Tensor, expected: torch.Tensor, tol: float) -> None:

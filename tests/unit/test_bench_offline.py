@@ -26,23 +26,7 @@ bo = importlib.util.module_from_spec(_spec)
 sys.modules["bench_offline"] = bo
 _spec.loader.exec_module(bo)
 
-TINY_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 700,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 512,
-    "bos_token_id": 1,
-    "eos_token_id": [2, 699],
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-}
+TINY_CONFIG = {**bench_utils.TINY_LLAMA, "vocab_size": 700, "eos_token_id": [2, 699]}
 TINY_ARGS = [
     *("--num-prompts", "6", "--input-len", "12", "--output-len", "6"),
     *("--hf-num-prompts", "4", "--hf-batch", "2"),
@@ -89,13 +73,13 @@ def test_model_folder_adds_a_tokenizer_only_when_missing(tiny_config: Path, tmp_
 
 
 def plan_for(argv: list[str], device: str = "cpu") -> tuple[argparse.Namespace, offline_plan.Plan]:
-    args = bo.parse_args(["--model", "unused", *argv])
+    args = bo.parse_args([*argv, "--model", "unused"])
     args.folder = "unused"
     return args, offline_plan.build_plan(args, device, TINY_CONFIG)
 
 
 def test_plan_shares_engines_and_skips_what_cannot_run_here() -> None:
-    args, plan = plan_for(["--mode", "all", *TINY_ARGS])
+    args, plan = plan_for(["all", *TINY_ARGS])
     labels = [s.label for s in plan.engines.values()]
     assert labels == ["torch", "torch, radix cache off"]
     base, off = plan.engines.values()
@@ -126,13 +110,22 @@ def test_plan_labels_on_cuda_dedupe_graphs_off_and_triton() -> None:
 
 
 def test_all_mode_scales_down_and_says_so() -> None:
-    args = bo.parse_args(["--mode", "all"])
+    args = bo.parse_args(["all"])
     assert (args.num_prompts, args.groups, args.noshare_prompts) == (500, 16, 64)
     assert any("1000 → 500" in s for s in args.scaled)
-    args = bo.parse_args(["--mode", "offline", "--num-prompts", "7"])
+    args = bo.parse_args(["offline", "--num-prompts", "7"])
     assert args.num_prompts == 7 and args.groups == 64 and args.scaled == []
     assert bo.parse_args([]).mode == "chat" and bo.parse_args([]).num_prompts == 16
-    assert offline_plan.parse_kv(["a=true", "b=3", "c=lpm"]) == {"a": True, "b": 3, "c": "lpm"}
+    assert bo.parse_args(["programs"]).num_prompts == 16
+    assert bench_utils.parse_kv(["a=true", "b=3", "c=lpm"]) == {"a": True, "b": 3, "c": "lpm"}
+
+
+def test_tuning_variants_label_their_fields() -> None:
+    plan = offline_plan.Plan("cuda", {"model": "m", "tuning": {"graph_blas": "cublas"}})
+    over = bench_utils.merge_kwargs(plan.base, {"tuning": {"gemv": "off"}})
+    assert over["tuning"] == {"graph_blas": "cublas", "gemv": "off"}
+    assert plan.label(over) == "triton, CUDA graphs, tuning.gemv=off"
+    assert plan.key(over) != plan.key(plan.base)
 
 
 def test_shared_prefix_workload_shape() -> None:
@@ -209,7 +202,7 @@ def test_timeline_splits_the_run_outside_the_busy_periods() -> None:
 def test_every_mode_tiny_on_cpu(tiny_config: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "out.json"
-    argv = ["--mode", "all", "--model", str(tiny_config), *TINY_ARGS, "--output-file", str(out)]
+    argv = ["all", "--model", str(tiny_config), *TINY_ARGS, "--output-file", str(out)]
     assert bo.main(argv) == 0
     report = json.loads(out.read_text())
     assert report["copy_GBps"] > 0 and report["command"].startswith("python benchmarks/offline.py")

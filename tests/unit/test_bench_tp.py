@@ -9,24 +9,8 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))  # the scripts import their helpers as top-level modules
 
+import bench_utils  # noqa: E402
 import tp as bench_tp  # noqa: E402
-
-TINY = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "vocab_size": 600,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 256,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-}
 
 
 def test_weight_bytes_of_llama_3_70b() -> None:
@@ -38,9 +22,7 @@ def test_weight_bytes_of_llama_3_70b() -> None:
 
 
 def test_tiny_tp2_run_reports_every_figure(tmp_path: Path) -> None:
-    folder = tmp_path / "tiny"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(TINY))
+    folder = bench_utils.write_config(tmp_path / "tiny", max_position_embeddings=256)
     report = bench_tp.main(
         [
             *("--config", str(folder), "--tp", "2", "--num", "3", "2"),

@@ -364,7 +364,7 @@ def test_decode_attention_refuses_rope_with_a_shared_prefix() -> None:
 
 
 # us per decode call in CUDA graphs at kv 2048, bf16, 32 q / 8 kv heads, by split count, on the
-# H200 (132 SMs; benchmarks/decode_parts.py --splits, fifteenth session; B=1 at 32 splits: sixth)
+# H200 (132 SMs; `benchmarks/kernel.py decode --splits`)
 MEASURED_SPLITS = {
     1: {1: 53.3, 2: 30.9, 4: 18.6, 8: 12.9, 16: 10.2, 32: 10.3},
     4: {1: 55.3, 2: 32.5, 4: 22.2, 8: 18.1, 16: 17.4},
@@ -382,8 +382,8 @@ MEASURED_SPLITS = {
 }
 
 
-# the same on an fp8 (e4m3) pool at the runtime's launch (benchmarks/kernel_bench.py --fp8-mid,
-# eighteenth session)
+# the same on an fp8 (e4m3) pool at the runtime's launch (`benchmarks/kernel.py decode --fp8
+# --splits`)
 MEASURED_SPLITS_FP8 = {
     1: {1: 40.2, 2: 26.4, 4: 18.4, 8: 14.1, 16: 12.3, 32: 13.1},
     4: {1: 43.5, 2: 28.7, 4: 20.8, 8: 18.8, 16: 20.1, 32: 20.6},

@@ -148,13 +148,11 @@ def test_bad_input_is_rejected(stop, stop_regex):
         StopMatcher(stop, stop_regex)
 
 
-def test_a_catastrophic_stop_regex_costs_one_bounded_search() -> None:
-    import time
-
-    from weft.runtime.stop import STOP_REGEX_TIMEOUT_S, StopRegexTimeout
+def test_a_catastrophic_stop_regex_ends_in_a_timeout() -> None:
+    """The search gives up under the matcher's time limit and says why. (How long it takes:
+    `python benchmarks/host.py stop-regex`.)"""
+    from weft.runtime.stop import StopRegexTimeout
 
     matcher = StopMatcher(stop_regex=["(a|aa)+b"])  # exponential backtracking on "aaa...a"
-    start = time.perf_counter()
     with pytest.raises(StopRegexTimeout, match="catastrophic backtracking"):
         matcher.search("a" * 60)
-    assert time.perf_counter() - start < 20 * STOP_REGEX_TIMEOUT_S

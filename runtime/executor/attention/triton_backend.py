@@ -25,7 +25,7 @@ from weft.runtime.executor.transfer import to_device
 # Rotating decode steps of up to this many requests ask the L2 for the first half of the caller's
 # next read (its o_proj weight) after their walk: their attention leaves HBM mostly idle. H200,
 # batch 1-4: 0.015-0.025 ms less a step at half the weight, no gain at all of it
-# (`benchmarks/step.py decode`, the batch-1 to 4 rows)
+# (H200; `benchmarks/step.py decode --batches 1 2 4 8`)
 L2_PREFETCH_MAX_BATCH = 4
 L2_PREFETCH_FRACTION = 0.5
 
@@ -64,7 +64,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.shared: SharedPrefix | None = None
         # an extend step's query blocks (extend_work) instead of the full grid: auto on an fp8
         # pool, where it ran at 1.07-1.14x of the grid on the H200; over bf16 it ran at 0.68-0.79x
-        # on batches of followers with a long cached prefix (`benchmarks/kernels.py extend`)
+        # on batches of followers with a long cached prefix (H200; `benchmarks/kernel.py extend --work`)
         if extend_work not in ("auto", "on", "off"):
             raise ValueError(f"extend_work must be 'auto', 'on' or 'off', got {extend_work!r}")
         auto = pool.k[0].dtype == FP8_KV

@@ -1,40 +1,26 @@
-"""Grammar backends on the test corpus with SmolLM2's tokenizer: compile time, mask-fill time, errors.
+"""`host.py grammar`, `host.py fill-profile` and `host.py schemas`: weft's grammar backends on CPU
+with SmolLM2's tokenizer (compile time, mask fill, accept, correctness), xgrammar beside them as
+the outside reference (a benchmark-only dependency, driven through its own API).
 
-    python benchmarks/constrain.py [--backends llguidance,llguidance:no-prefetch,outlines,xgrammar]
-                                   [--timeout 10] [--step-gap-ms 1]
-    python benchmarks/constrain.py --fill-profile   # where llguidance's mask-fill time goes
-    python benchmarks/constrain.py --e2e [--concurrency 1 8]   # decode time, packaged model
-
-Per backend: specs compiled (JSON schemas and regexes of tests/data/constrain), compile time
-median/p90 (to the first mask), mask fill time per token median/p90/p99 (walking every valid text
-of every compiled spec), accept time per token (accept_token + forced_tokens, what the scheduler
-calls after sampling; xgrammar: accept only), their sum per step (what the scheduler's thread
-spends on one request per step), and correctness: valid texts blocked, invalid texts
-accepted, and of those the ones not explained by a reported unenforced keyword. xgrammar is the
-outside reference (a benchmark-only dependency, driven through its own API; it reports nothing it
-skips). Between a step's accept and the next fill the walk runs --step-gap-ms of small torch
-matmuls in the same thread, standing for the model step that separates them in the scheduler
-(torch drops the GIL inside each op, as in a forward pass): `llguidance` prefetches each next mask
-on a background thread in that gap (its fill then mostly copies a finished mask);
-`llguidance:no-prefetch` computes the mask inside fill_bitmask (the library's own cost).
-
---fill-profile: each llguidance mask step (no prefetch) filled twice (the second fill at the same state mostly
-hits the library's cached mask: weft's per-call cost plus a cache hit), by tokens allowed.
---e2e: weft.Engine on the packaged model, 8 corpus schemas as chat prompts (x3); decode time per
-output token (TPOT, after each request's first chunk) constrained (jump-forward on, then off)
-vs unconstrained with the same prompts and the same output lengths (ignore_eos), wave by wave;
-and the engine's own mask-fill figures (`get_state()["mask_fill"]`: µs per constrained request
-and step that the scheduler thread spent in fill_bitmask, with prefetch where the backend has it).
+Per backend on the corpus of tests/data/constrain: specs compiled (JSON schemas and regexes),
+compile time median/p90 (to the first mask), mask fill time per token median/p90/p99 (walking every
+valid text of every compiled spec), accept time per token (accept_token + forced_tokens, what the
+scheduler calls after sampling; xgrammar: accept only), their sum per step, and correctness: valid
+texts blocked, invalid texts accepted, and of those the ones not explained by a reported unenforced
+keyword. Between a step's accept and the next fill the walk runs `gap_s` of small torch matmuls in
+the same thread, standing for the model step between them (torch drops the GIL inside each op):
+`llguidance` prefetches each next mask on a background thread in that gap (its fill then mostly
+copies a finished mask); `llguidance:no-prefetch` computes the mask inside fill_bitmask.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
 import os
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -266,128 +252,8 @@ def _popcount(row: torch.Tensor) -> int:
     return sum(bin(w & 0xFFFFFFFF).count("1") for w in row.tolist())
 
 
-E2E_SCHEMAS = (
-    "person optional_fields nested_address const_string defs_ref format_date integer_bounds "
-    "tool_call_weather"
-).split()
-
-
-def e2e(concurrency: list[int], max_new: int, repeats: int) -> None:
-    """Decode time per output token on the packaged model: constrained vs unconstrained."""
-    import weft
-
-    entries = {e["name"]: e for e in json.loads((DATA / "schemas.json").read_text())}
-    names = E2E_SCHEMAS * repeats
-    schemas = [entries[name]["schema"] for name in names]
-    print(f"load average before: {os.getloadavg()[0]:.2f}")
-    print("| concurrency | run | output tokens | TPOT ms (mean over requests) | wall s |")
-    print("|---|---|---|---|---|")
-    greedy = {"temperature": 0.0, "max_new_tokens": max_new}
-    constrained = [{**greedy, "json_schema": json.dumps(schema)} for schema in schemas]
-    for jump_forward in (True, False):
-        with weft.Engine(disable_jump_forward=not jump_forward) as engine:
-            prompts = [_chat(engine, name, entries[name]["schema"]) for name in names]
-            _wave(engine, prompts[:2], constrained[:2])  # warm-up: grammar tables, compiles
-            label = "constrained" + ("" if jump_forward else ", no jump-forward")
-            for c in concurrency:
-                runs = {label: Run(), "unconstrained, same lengths": Run()}
-                for i in range(0, len(prompts), c):  # NOTE: interleaved wave by wave (shared VM)
-                    lens = runs[label].add(engine, prompts[i : i + c], constrained[i : i + c])
-                    same = [{**greedy, "max_new_tokens": n, "ignore_eos": True} for n in lens]
-                    again = runs["unconstrained, same lengths"].add(
-                        engine, prompts[i : i + c], same
-                    )
-                    assert again == lens, (again, lens)
-                for name, run in runs.items():
-                    run.print(c, name)
-            fills = engine.get_state()["mask_fill"]
-            print(f"mask fill per constrained request and step, scheduler thread ({label}): "
-                  f"{fills}", flush=True)  # fmt: skip
-    print(f"load average after: {os.getloadavg()[0]:.2f}")
-
-
-def _chat(engine: Any, name: str, schema: Any) -> str:
-    text = f"Write a JSON value for {name}: {json.dumps(schema)}"
-    messages = [{"role": "user", "content": text}]
-    return str(
-        engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    )
-
-
-class Run:
-    """Output lengths, per-request TPOT and wall time, summed over waves."""
-
-    def __init__(self) -> None:
-        self.lens: list[int] = []
-        self.tpots: list[float] = []
-        self.wall = 0.0
-
-    def add(self, engine: Any, prompts: list[str], params: list[dict[str, Any]]) -> list[int]:
-        engine.flush_cache()
-        start = time.perf_counter()
-        lens, tpots = _wave(engine, prompts, params)
-        self.wall += time.perf_counter() - start
-        self.lens += lens
-        self.tpots += tpots
-        return lens
-
-    def print(self, c: int, name: str) -> None:
-        tpot = statistics.mean(self.tpots) * 1e3 if self.tpots else float("nan")
-        print(f"| {c} | {name} | {sum(self.lens)} | {tpot:.1f} | {self.wall:.1f} |", flush=True)
-
-
-def _wave(
-    engine: Any, prompts: list[str], params: list[dict[str, Any]]
-) -> tuple[list[int], list[float]]:
-    """One wave of streamed requests at once: output lengths, and per request the seconds per
-    output token after its first chunk."""
-    firsts: dict[int, tuple[float, int]] = {}
-    last: dict[int, tuple[float, int]] = {}
-    for delta in engine.generate(prompts, params, stream=True):
-        k, now = int(delta.get("index", 0)), time.perf_counter()
-        n = last.get(k, (0.0, 0))[1] + len(delta["output_ids"])
-        firsts.setdefault(k, (now, n))
-        last[k] = (now, n)
-    spans = [(last[k][0] - firsts[k][0], last[k][1] - firsts[k][1]) for k in sorted(last)]
-    return [last[k][1] for k in sorted(last)], [dt / dn for dt, dn in spans if dn > 0]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="llguidance,llguidance:no-prefetch,outlines,xgrammar")
-    parser.add_argument(
-        "--step-gap-ms",
-        type=float,
-        default=1.0,
-        help="model-like torch work between a step's accept and the next fill (0: none)",
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=10.0, help="compile timeout (weft backends)"
-    )
-    parser.add_argument("--fill-profile", action="store_true", help=fill_profile.__doc__)
-    parser.add_argument("--e2e", action="store_true", help=e2e.__doc__)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3, help="--e2e: times the 8 prompts run")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    if args.e2e:
-        e2e(args.concurrency, args.max_new_tokens, args.repeats)
-        return
-    tok, corpus = load_tokenizer(), load_corpus()
-    if args.fill_profile:
-        fill_profile(tok, corpus)
-        return
-    rows = []
-    for name in args.backends.split(","):
-        base, _, option = name.partition(":")
-        make = (
-            xgrammar_backend(tok, args.timeout)
-            if name == "xgrammar"
-            else weft_backend(base, tok, args.timeout, prefetch=option != "no-prefetch")
-        )
-        rows.append(bench(name, make, corpus, tok, args.step_gap_ms / 1e3))
-    print(f"step gap {args.step_gap_ms:g} ms; load average {os.getloadavg()[0]:.2f}")
+def print_backends(rows: list[dict[str, Any]], gap_ms: float) -> None:
+    print(f"step gap {gap_ms:g} ms; load average {os.getloadavg()[0]:.2f}")
     cols = ["backend", "compiled", "compile_med_ms", "compile_p90_ms"]
     cols += ["fill_med_us", "fill_p90_us", "fill_p99_us", "accept_med_us", "accept_p99_us"]
     cols += ["step_med_us", "step_p99_us"]
@@ -402,5 +268,86 @@ def main() -> None:
             print(f"  {row['backend']} refused {line}")
 
 
-if __name__ == "__main__":
-    main()
+def make_backend(name: str, tok: Any, timeout: float) -> Callable[[GrammarSpec], Any]:
+    """'llguidance', 'llguidance:no-prefetch', 'outlines', 'xgrammar' (':strict' is the spec's)."""
+    base, _, option = name.partition(":")
+    if name == "xgrammar":
+        return xgrammar_backend(tok, timeout)
+    return weft_backend(base, tok, timeout, prefetch=option != "no-prefetch")
+
+
+##### A folder of real-world schemas #####
+
+
+def load_schemas(folder: Path) -> list[tuple[str, Any]]:
+    items = []
+    for path in sorted(folder.glob("*.json")):
+        schema = json.loads(path.read_text())
+        if not isinstance(schema, (dict, bool)):
+            raise ValueError(f"{path.name}: a JSON schema is an object or a boolean")
+        items.append((path.name, schema))
+    if not items:
+        raise ValueError(f"no *.json files in {folder}")
+    return items
+
+
+def compile_all(name: str, tok: Any, schemas: list[tuple[str, Any]], timeout: float) -> dict:
+    option = name.partition(":")[2]
+    make = make_backend(name, tok, timeout)
+    ok: dict[str, float] = {}
+    unenforced: Counter[str] = Counter()
+    refused: dict[str, str] = {}
+    for file, schema in schemas:
+        spec = GrammarSpec.json_schema(schema, strict=option == "strict")
+        start = time.perf_counter()
+        try:
+            new = make(spec)
+        except GrammarError as e:
+            refused[file] = str(e).splitlines()[0][:160]
+            continue
+        ok[file] = time.perf_counter() - start
+        for keyword in getattr(new, "unenforced", ()):
+            unenforced[keyword] += 1
+        if getattr(new, "unenforced", ()):
+            unenforced["(schemas)"] += 1
+    return {"backend": name, "ok": ok, "unenforced": unenforced, "refused": refused}
+
+
+def row(res: dict, total: int) -> list[str]:
+    times = list(res["ok"].values())
+    timeouts = sum("timed out" in why for why in res["refused"].values())
+    med = f"{statistics.median(times) * 1e3:.1f}" if times else "-"
+    p90 = f"{quantile(times, 0.9) * 1e3:.1f}" if times else "-"
+    top = f"{max(times) * 1e3:.0f}" if times else "-"
+    n = len(res["ok"])
+    return [
+        res["backend"], f"{n}/{total}", f"{100 * n / total:.1f}%",
+        str(res["unenforced"]["(schemas)"]), str(timeouts), str(len(res["refused"]) - timeouts),
+        med, p90, top,
+    ]  # fmt: skip
+
+
+def run_schemas(folder: Path, backends: list[str], timeout: float) -> None:
+    """Per backend: schemas compiled within the timeout, those with keywords reported as not
+    enforced, refusals (timeouts apart), compile time median / p90 / max. `llguidance:strict` is
+    OpenAI's `strict: true`; the 'either' row counts schemas llguidance or, failing it, outlines
+    compiles."""
+    tok, schemas = load_tokenizer(), load_schemas(folder)
+    results = [compile_all(name, tok, schemas, timeout) for name in backends]
+    by_name = {r["backend"]: r for r in results}
+    print(f"{len(schemas)} schemas from {folder}; load average {os.getloadavg()[0]:.2f}")
+    head = ["backend", "compiled", "share", "with unenforced keywords", "timed out", "refused",
+            "compile median ms", "p90 ms", "max ms"]  # fmt: skip
+    print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for res in results:
+        print("| " + " | ".join(row(res, len(schemas))) + " |")
+    if "llguidance" in by_name and "outlines" in by_name:
+        either = set(by_name["llguidance"]["ok"]) | set(by_name["outlines"]["ok"])
+        print(f"| llguidance, else outlines | {len(either)}/{len(schemas)} | "
+              f"{100 * len(either) / len(schemas):.1f}% | | | | | | |")  # fmt: skip
+    for res in results:
+        kws = ", ".join(f"{k} {n}" for k, n in res["unenforced"].most_common() if k[0] != "(")
+        if kws:
+            print(f"\n{res['backend']}: keywords reported as not enforced (schemas): {kws}")
+        for file, why in sorted(res["refused"].items()):
+            print(f"  {res['backend']} refused {file}: {why}")

@@ -1,32 +1,31 @@
-"""The skinny projections (weft.kernels.gemv) against cuBLAS as a decode step meets them: inside a
-CUDA graph, back to back over distinct (cold) weights of Llama-3.1-8B's projection shapes and its
-lm_head; first a one-row decode layer without attention (cuBLAS or GEMV, PDL or not).
+"""`kernel.py gemv` and `kernel.py blas`: Llama-3.1-8B's projections as a decode step meets them,
+inside a CUDA graph, back to back over distinct (cold) weights: weft's skinny GEMV (its launch
+candidates, and a one-row decode layer without attention) against cuBLAS; cuBLAS as torch picks
+it against cuBLASLt per token count.
 
-    python benchmarks/gemv_chain.py [--rows 1 8 16] [--layers 12] [--layers-only] [--quick]
-                                    [--shapes qkv o_proj] [--sum-launch]
-
-Per shape and row count: microseconds per projection (the graph's time / layers) and the share
-of the copy ceiling measured in the same run over the weight's bytes; every launch's output is
-checked against a float32 reference first. cuBLAS's down projection runs after silu_and_mul's
-own launch, as the model calls it; the GEMV's has SiLU-and-mul folded in.
+Per shape and row count: microseconds per projection (the graph's time / layers) and the share of
+the copy ceiling over the weight's bytes; every GEMV launch's output is checked against a float32
+reference first. cuBLAS's down projection runs after silu_and_mul's own launch, as the model
+calls it; the GEMV's has SiLU-and-mul folded in.
 """
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from bench_utils import copy_bandwidth
 from triton.runtime.errors import OutOfResources
 
 from weft.kernels.activation import silu_and_mul
 from weft.kernels.norm import fused_add_rmsnorm
 from weft.kernels.reference import gemv_ref
 from weft.kernels.skinny import GemvLaunch, gemv
-from weft.runtime.executor.cuda_graph import replay_us
+from weft.runtime.executor.graph_tuning import CANDIDATES, replay_us
+
+DEV = "cuda"
 
 # (name, out features, in features, silu_mul): Llama-3.1-8B's projections
 SHAPES = (
@@ -36,17 +35,16 @@ SHAPES = (
     ("down", 4096, 14336, True),
     ("lm_head", 128256, 4096, False),  # 1 GB: fewer copies (see --layers)
 )
-# (block_n, block_k, split_k, num_warps, num_stages)
-LAUNCHES = [GemvLaunch(*c) for c in (
-    (64, 128, 1, 4, 4), (64, 128, 2, 4, 4), (64, 128, 4, 4, 4), (64, 128, 8, 4, 4),
-    (64, 128, 1, 4, 3), (64, 128, 1, 4, 6), (64, 128, 4, 4, 6), (64, 256, 1, 4, 3),
-    (64, 64, 1, 4, 8), (64, 64, 4, 4, 8), (128, 128, 1, 4, 4), (128, 128, 2, 4, 4),
-    (128, 128, 4, 8, 4), (32, 128, 1, 4, 4), (32, 128, 2, 4, 4), (128, 64, 4, 4, 6),
-)]  # fmt: skip
-QUICK = LAUNCHES[:4]
+# (block_n, block_k, split_k, num_warps, num_stages): the runtime's candidates first
+# (graph_tuning.CANDIDATES, what its capture times), then more around them
+LAUNCHES = [GemvLaunch(*c) for c in (*CANDIDATES, *(c for c in (
+    (64, 128, 4, 4, 4), (64, 128, 8, 4, 4), (64, 128, 1, 4, 3), (64, 128, 4, 4, 6),
+    (64, 256, 1, 4, 3), (64, 64, 4, 4, 8), (128, 128, 1, 4, 4), (128, 128, 2, 4, 4),
+    (32, 128, 1, 4, 4), (32, 128, 2, 4, 4), (128, 64, 4, 4, 6),
+) if c not in CANDIDATES))]  # fmt: skip
 
 
-def graph_us(op: Callable[[torch.Tensor], object], weights: list[torch.Tensor], reps: int) -> float:
+def graph_us(op: Callable[[Any], object], weights: Sequence[Any], reps: int) -> float:
     """Microseconds per op of one CUDA graph replay running op over every weight in turn."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -63,15 +61,20 @@ def graph_us(op: Callable[[torch.Tensor], object], weights: list[torch.Tensor], 
     return replay_us(graph, reps) / len(weights)
 
 
+def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, w)
+
+
+def _layer_of(layer: Callable[..., None], gemv_on: frozenset[str], pdl: bool, w: Any) -> None:
+    layer(w, gemv_on, pdl)
+
+
 def _name(launch: GemvLaunch) -> str:
-    summed = (
-        "" if launch.split_k == 1 else " summed here" if launch.sum_here else " summed by a launch"
-    )
     return (f"n {launch.block_n:3} k {launch.block_k:4} split {launch.split_k} "
-            f"warps {launch.num_warps} stages {launch.num_stages}{summed}")  # fmt: skip
+            f"warps {launch.num_warps} stages {launch.num_stages}")  # fmt: skip
 
 
-# per shape, the launch for the layer chain (the gemv_chain winners on the H200)
+# per shape, the launch for the layer chain (the fastest per shape on the H200)
 LAYER_LAUNCHES = {
     "qkv": GemvLaunch(64, 64, 1, 4, 8),
     "o_proj": GemvLaunch(64, 128, 2, 4, 4),
@@ -84,13 +87,13 @@ def bench_layers(layers: int, ceiling: float, reps: int) -> None:
     """A decode layer at one row without its attention: add + RMSNorm, qkv, o_proj (on q's
     columns), add + RMSNorm, gate_up, down; per layer, on distinct weights, in one graph."""
     dims = {name: (n, k) for name, n, k, _ in SHAPES}
-    ws = [{name: torch.randn(*dims[name], dtype=torch.bfloat16, device="cuda") / dims[name][1] ** 0.5
+    ws = [{name: torch.randn(*dims[name], dtype=torch.bfloat16, device=DEV) / dims[name][1] ** 0.5
            for name in LAYER_LAUNCHES} for _ in range(layers)]  # fmt: skip
-    norm_w = torch.ones(4096, dtype=torch.bfloat16, device="cuda")
-    h = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
-    res = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
+    norm_w = torch.ones(4096, dtype=torch.bfloat16, device=DEV)
+    h = torch.randn(1, 4096, dtype=torch.bfloat16, device=DEV)
+    res = torch.randn(1, 4096, dtype=torch.bfloat16, device=DEV)
     layer_bytes = sum(n * k * 2 for n, k in dims.values() if (n, k) != dims["lm_head"])
-    copy_us = layer_bytes / ceiling * 1e6
+    copy_us = layer_bytes / ceiling / 1e3  # ceiling: GB/s
 
     def layer(w: dict[str, torch.Tensor], gemv_on: frozenset[str], pdl: bool) -> None:
         def proj(name: str, x: torch.Tensor) -> torch.Tensor:
@@ -118,7 +121,7 @@ def bench_layers(layers: int, ceiling: float, reps: int) -> None:
         ("GEMV qkv + o_proj, PDL", qkv_o, True),
     ]
     for label, gemv_on, pdl in variants:
-        us = graph_us(lambda w, g=gemv_on, p=pdl: layer(w, g, p), ws, reps)
+        us = graph_us(partial(_layer_of, layer, gemv_on, pdl), ws, reps)
         print(f"  {us:7.1f} us per layer ({copy_us / us:4.0%} of copy speed)  {label}")
     del ws
     torch.cuda.empty_cache()
@@ -127,24 +130,24 @@ def bench_layers(layers: int, ceiling: float, reps: int) -> None:
 def bench_shape(name: str, n: int, k: int, silu: bool, rows_list: list[int], layers: int,
                 launches: list[GemvLaunch], ceiling: float, reps: int) -> None:  # fmt: skip
     layers = max(2, min(layers, (4 << 30) // (n * k * 2)))  # at most ~4 GB of weights
-    weights = [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") / k**0.5
+    weights = [torch.randn(n, k, dtype=torch.bfloat16, device=DEV) / k**0.5
                for _ in range(layers)]  # fmt: skip
     nbytes = n * k * 2
-    copy_us = nbytes / ceiling * 1e6
+    copy_us = nbytes / ceiling / 1e3
 
     def cell(us: float) -> str:
         return f"{us:7.1f} us {copy_us / us:5.0%}"
 
     print(f"\n{name} [{n} x {k}]: copy speed {copy_us:.1f} us")
     for rows in rows_list:
-        x = torch.randn(rows, 2 * k if silu else k, dtype=torch.bfloat16, device="cuda")
-        out = torch.empty(rows, n, dtype=torch.bfloat16, device="cuda")
+        x = torch.randn(rows, 2 * k if silu else k, dtype=torch.bfloat16, device=DEV)
+        out = torch.empty(rows, n, dtype=torch.bfloat16, device=DEV)
         want = gemv_ref(x, weights[0], None, silu)
-        cublas = graph_us(lambda w, x=x: F.linear(silu_and_mul(x) if silu else x, w), weights, reps)
+        cublas = graph_us(partial(_linear, silu_and_mul(x) if silu else x), weights, reps)
         line = f"  rows {rows}: cuBLAS {cell(cublas)}"
         if silu:
-            plain = torch.randn(rows, k, dtype=torch.bfloat16, device="cuda")
-            alone = graph_us(lambda w, plain=plain: F.linear(plain, w), weights, reps)
+            plain = torch.randn(rows, k, dtype=torch.bfloat16, device=DEV)
+            alone = graph_us(partial(_linear, plain), weights, reps)
             line += f" (linear alone {cell(alone)})"
         print(line)
         timed = []
@@ -177,34 +180,21 @@ def bench_shape(name: str, n: int, k: int, silu: bool, rows_list: list[int], lay
     torch.cuda.empty_cache()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16])
-    parser.add_argument("--layers", type=int, default=12, help="distinct weights per graph")
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--layers-only", action="store_true", help="only the layer chain")
-    parser.add_argument("--quick", action="store_true", help="the first four launches only")
-    parser.add_argument("--shapes", nargs="+", choices=[s[0] for s in SHAPES],
-                        help="only these projections (default: all)")  # fmt: skip
-    parser.add_argument("--sum-launch", action="store_true",
-                        help="split-K launches also with their sum in a launch of its own")  # fmt: skip
-    args = parser.parse_args()
-    assert torch.cuda.is_available(), "benchmarks/gemv_chain.py needs CUDA"
-    torch.manual_seed(0)
-    ceiling = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()}, copy {ceiling / 1e9:,.0f} GB/s, bf16, "
-          f"{args.layers} weights per graph")  # fmt: skip
-    bench_layers(args.layers, ceiling, args.reps)
-    if args.layers_only:
-        return
-    launches = QUICK if args.quick else LAUNCHES
-    if args.sum_launch:
-        launches = launches + [replace(c, sum_here=False) for c in launches if c.split_k > 1]
-    for name, n, k, silu in SHAPES:
-        if args.shapes and name not in args.shapes:
-            continue
-        bench_shape(name, n, k, silu, args.rows, args.layers, launches, ceiling, args.reps)
-
-
-if __name__ == "__main__":
-    main()
+def bench_blas(ceiling: float, batches: list[int]) -> None:
+    """cuBLAS as torch picks it against cuBLASLt preferred, per projection and token count, in a
+    CUDA graph over 8 weights: what the graph runner's capture chooses between per batch size."""
+    print("\nprojection GEMMs in a CUDA graph: us per call (cublas | cublaslt), TFLOP/s, % of copy")
+    for name, n, k, _ in SHAPES[:4]:
+        ws = [torch.randn(n, k, dtype=torch.bfloat16, device=DEV) * 0.02 for _ in range(8)]
+        for m in batches:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device=DEV)
+            cells = []
+            for lib in ("cublas", "cublaslt"):
+                torch.backends.cuda.preferred_blas_library(lib)
+                us = graph_us(partial(_linear, x), ws, 10)
+                cells.append(f"{us:8.1f} ({2 * m * n * k / us / 1e6:5.0f} TF, "
+                             f"{n * k * 2 / us / 1e3 / ceiling:4.0%})")  # fmt: skip
+            torch.backends.cuda.preferred_blas_library("cublas")
+            print(f"  {name:<8} M={m:<5} " + " | ".join(cells))
+        del ws
+        torch.cuda.empty_cache()

@@ -1,4 +1,5 @@
-"""benchmarks/constrain_schemas.py: a folder of schemas compiled per backend, refusals named."""
+"""benchmarks/host.py: a folder of schemas compiled per backend with refusals named, and the
+tool-parser and stop-regex tables (what they report, not how fast)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))  # the scripts import their helpers as top-level modules
 
-import constrain_schemas as bench  # noqa: E402
+import host  # noqa: E402
+import host_grammar  # noqa: E402
 
 
 def test_counts_compiled_unenforced_and_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     schemas = {
         "a_plain.json": {"type": "object", "properties": {"x": {"type": "integer"}}},
@@ -24,9 +26,7 @@ def test_counts_compiled_unenforced_and_refused(
     }
     for name, schema in schemas.items():
         (tmp_path / name).write_text(json.dumps(schema))
-    argv = ["constrain_schemas.py", str(tmp_path), "--backends", "llguidance,llguidance:strict"]
-    monkeypatch.setattr(sys, "argv", argv)
-    bench.main()
+    host.main(["schemas", str(tmp_path), "--backends", "llguidance,llguidance:strict"])
     out = capsys.readouterr().out
     assert "3 schemas from" in out
     assert "| llguidance | 2/3 | 66.7% | 1 | 0 | 1 |" in out  # uniqueItems left unenforced
@@ -38,7 +38,16 @@ def test_counts_compiled_unenforced_and_refused(
 
 def test_a_folder_without_schemas_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no \\*.json files"):
-        bench.load_schemas(tmp_path)
+        host_grammar.load_schemas(tmp_path)
     (tmp_path / "x.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="object or a boolean"):
-        bench.load_schemas(tmp_path)
+        host_grammar.load_schemas(tmp_path)
+
+
+def test_tool_parser_and_stop_regex_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    host.main(["tool-parser", "--lengths", "100", "1000", "--repeats", "1"])
+    host.main(["stop-regex", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "| 147 |" in out and "| 1,047 |" in out  # the JSON text around the argument
+    assert "| `(a\\|aa)+b` | 60 chars |" in out and "| StopRegexTimeout |" in out
+    assert "| `END` | 63 chars |" in out and "| match |" in out

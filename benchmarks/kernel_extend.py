@@ -1,13 +1,12 @@
-"""Kernel timings on CUDA, continued: extend attention (packed vs unpacked GQA, launch sweeps) and
-the elementwise kernels against torch eager (`python benchmarks/kernel_bench.py [--extend-only]`)."""
+"""`kernel.py extend`: extend (prefill) attention over a paged prefix: packed GQA against one
+program per q head, launch sweeps, and the grid against a work list of query blocks."""
 
 from __future__ import annotations
 
 from functools import partial
 
 import torch
-import torch.nn.functional as F
-from kernel_bench import random_pool, time_ms
+from kernel_util import DEV, random_pool, time_ms
 
 
 def extend_setup(
@@ -22,19 +21,19 @@ def extend_setup(
         table[rows, :prefix] = table[leaders, :prefix]
     k_buffer, v_buffer = k_buffer.to(kv_dtype), v_buffer.to(kv_dtype)
     tokens = bsz * ext
-    q = torch.randn(tokens, 32, 128, dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(tokens, 8, 128, dtype=torch.bfloat16, device="cuda")
+    q = torch.randn(tokens, 32, 128, dtype=torch.bfloat16, device=DEV)
+    k = torch.randn(tokens, 8, 128, dtype=torch.bfloat16, device=DEV)
     v = torch.randn_like(k)
-    lens = torch.full((bsz,), ext, dtype=torch.int64, device="cuda")
-    pre = torch.full((bsz,), prefix, dtype=torch.int64, device="cuda")
+    lens = torch.full((bsz,), ext, dtype=torch.int64, device=DEV)
+    pre = torch.full((bsz,), prefix, dtype=torch.int64, device=DEV)
     start = torch.cumsum(lens, 0) - lens
     out = torch.empty_like(q)
     return (q, k, v, k_buffer, v_buffer, table, rows, pre, lens, start, out, 128**-0.5, ext)
 
 
-def bench_extend(quick: bool) -> None:
+def bench_extend(launches: bool) -> None:
     """Packed (a kv head's 4 q heads in one program, each K/V tile loaded once for them) against
-    one program per q head, at their default launches, then (unless quick) a sweep of each."""
+    one program per q head, at their default launches, then (`launches`) a sweep of each."""
     from weft.kernels.extend import extend_attention
 
     print("\nextend attention, 32 q / 8 kv heads, d=128, page 16, bf16 q: TFLOP/s (causal FLOPs)")
@@ -67,7 +66,7 @@ def bench_extend(quick: bool) -> None:
         diff = (outs[0].float() - outs[1].float()).abs().max().item()
         print(f"  {label}: {cells[0][1]} | {cells[1][1]} | packed {cells[0][0] / cells[1][0]:.2f}x"
               f" as fast (max |packed - unpacked| {diff:.1e})")  # fmt: skip
-        if quick:
+        if not launches:
             continue
         results = []
         for pack, bm, bn, w in sweep:
@@ -84,60 +83,6 @@ def bench_extend(quick: bool) -> None:
                 for ms, p, bm, bn, w in sorted(results) if p == pack
             )  # fmt: skip
             print(f"    {'packed' if pack else 'unpacked':>8} TFLOP/s by launch: {best}")
-
-
-def bench_elementwise(ceiling: float) -> None:
-    from weft.kernels.activation import silu_and_mul
-    from weft.kernels.bitmask import apply_token_bitmask
-    from weft.kernels.kv_store import store_kv
-    from weft.kernels.norm import fused_add_rmsnorm, rmsnorm
-    from weft.kernels.rotary import cos_sin_cache, rotary_embedding
-
-    bf16, dev = torch.bfloat16, "cuda"
-    t, hidden, inter = 4096, 4096, 14336
-    x = torch.randn(t, hidden, dtype=bf16, device=dev)
-    res = torch.randn_like(x)
-    w = torch.randn(hidden, dtype=bf16, device=dev)
-    out = torch.empty_like(x)
-    gate_up = torch.randn(t, 2 * inter, dtype=bf16, device=dev)
-    q = torch.randn(t, 32, 128, dtype=bf16, device=dev)
-    k = torch.randn(t, 8, 128, dtype=bf16, device=dev)
-    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, 128, 2, device=dev).float() / 128))
-    cache = cos_sin_cache(inv_freq, 8192)
-    pos = torch.randint(0, 8192, (t,), device=dev)
-    kb, vb = (
-        torch.empty(65536, 8, 128, dtype=bf16, device=dev),
-        torch.empty(65536, 8, 128, dtype=bf16, device=dev),
-    )
-    loc = torch.randperm(65536, device=dev)[:t]
-    logits = torch.randn(64, 128256, device=dev)
-    mask = torch.randint(-(2**31), 2**31 - 1, (64, 4008), dtype=torch.int32, device=dev)
-
-    def eager_rmsnorm() -> torch.Tensor:
-        x32 = x.float()
-        return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(bf16)
-
-    def eager_silu() -> torch.Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        return F.silu(gate) * up
-
-    n = t * hidden * 2
-    rows = [
-        ("rmsnorm T=4096 hidden 4096", lambda: rmsnorm(x, w, 1e-5, out=out), 2 * n),
-        ("  torch eager (weft's RMSNorm math)", eager_rmsnorm, 2 * n),
-        ("fused_add_rmsnorm T=4096 hidden 4096", lambda: fused_add_rmsnorm(x, res, w, 1e-5), 4 * n),
-        ("silu_and_mul T=4096 I=14336", lambda: silu_and_mul(gate_up), 3 * t * inter * 2),
-        ("  torch eager (F.silu(gate) * up)", eager_silu, 3 * t * inter * 2),
-        ("rotary T=4096 32+8 heads d=128", lambda: rotary_embedding(pos, q, k, cache), 2 * t * 40 * 256 + t * 512),
-        ("store_kv T=4096 8 kv heads d=128", lambda: store_kv(k, k, kb, vb, loc), 4 * t * 8 * 256),
-        ("bitmask 64 x 128256 fp32", lambda: apply_token_bitmask(logits, mask), 64 * 4008 * 4 + 64 * 64128 * 4),
-    ]  # fmt: skip
-    print(f"\n{'elementwise (bf16)':<40} {'us':>8} {'GB/s':>7} {'of copy':>8}")
-    for name, fn, nbytes in rows:
-        ms = time_ms(fn)
-        print(
-            f"{name:<40} {ms * 1e3:8.1f} {nbytes / ms / 1e6:7.0f} {nbytes / ms / 1e6 / ceiling:8.0%}"
-        )
 
 
 def bench_extend_work() -> None:
@@ -160,7 +105,7 @@ def bench_extend_work() -> None:
             prefix = [p for p, _ in reqs]
             ext = [n for _, n in reqs]
             tokens = sum(ext)
-            dev = "cuda"
+            dev = DEV
             q = torch.randn(tokens, 32, 128, dtype=torch.bfloat16, device=dev)
             k = torch.randn(tokens, 8, 128, dtype=torch.bfloat16, device=dev)
             lens = torch.tensor(ext, device=dev)

@@ -1,14 +1,11 @@
-"""All-reduce latency on one node: NCCL vs torch's one-shot all-reduce over symmetric memory.
+"""`kernel.py allreduce`: all-reduce latency on one node, NCCL against torch's one-shot all-reduce
+over symmetric memory, each in a CUDA graph of many calls (as a decode step's graph runs them).
 
-    python benchmarks/allreduce.py [--world 2] [--dtype bfloat16] [--numels ...]
-
-Each rank is a process on its own GPU. Per tensor size, `--ops` all-reduces in a row are captured
-in one CUDA graph per method (as in a decode step's graph) and replayed; the time per all-reduce
-is the median replay time / ops. Results are checked against NCCL before timing. The default sizes
-are decode steps' hidden states: 8192 (Llama-3-70B) or 4096 (8B) × batch 1 ... 256.
-
-Why weft keeps NCCL for every all-reduce: on 2 x H200 (seventh session, BENCHMARKS.md) the
-one-shot was within ±6% of NCCL from 8 KB to 1 MB, faster only at 2 MB and slower above.
+Each rank is a process on its own GPU. Per tensor size, `ops` all-reduces in a row are captured
+in one CUDA graph per method and replayed; the time per all-reduce is the median replay time /
+ops. Results are checked against NCCL before timing. The default sizes are decode steps' hidden
+states: 8192 (Llama-3-70B) or 4096 (8B) x batch 1 ... 256. weft keeps NCCL for every all-reduce:
+on 2 x H200 the one-shot was within 6% of it from 8 KB to 1 MB, faster only at 2 MB.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from weft.runtime.executor.cuda_graph import replay_us
+from weft.runtime.executor.graph_tuning import replay_us
 
 DEFAULT_NUMELS = [4096, 8192, 8192 * 8, 8192 * 32, 8192 * 64, 8192 * 128, 8192 * 256, 8192 * 512]
 
@@ -95,15 +92,8 @@ def _run(rank: int, args: argparse.Namespace, port: int, out: Any) -> None:
     dist.destroy_process_group()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--numels", type=int, nargs="+", default=DEFAULT_NUMELS)
-    ap.add_argument("--ops", type=int, default=100, help="all-reduces per captured graph")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--output-file", default=None)
-    args = ap.parse_args()
+def run_allreduce(args: argparse.Namespace) -> None:
+    """args: world, dtype, numels, ops, reps, output_file."""
     if torch.cuda.device_count() < args.world:
         raise SystemExit(f"needs {args.world} CUDA GPUs, found {torch.cuda.device_count()}")
     with socket.socket() as s:
@@ -120,14 +110,8 @@ def main() -> None:
     print(f"{'bytes':>10} {'NCCL us':>9} {'one-shot us':>12} {'speed-up':>9}  equal")
     for r in rows:
         speedup = r["nccl_us"] / r["one_shot_us"]
-        print(
-            f"{r['bytes']:>10} {r['nccl_us']:>9.2f} {r['one_shot_us']:>12.2f} {speedup:>8.2f}x"
-            f"  {r['equal_to_nccl']}"
-        )
+        print(f"{r['bytes']:>10} {r['nccl_us']:>9.2f} {r['one_shot_us']:>12.2f} {speedup:>8.2f}x"
+              f"  {r['equal_to_nccl']}")  # fmt: skip
     if args.output_file:
         with open(args.output_file, "w") as f:
             json.dump({"world": args.world, "dtype": args.dtype, "rows": rows}, f, indent=1)
-
-
-if __name__ == "__main__":
-    main()

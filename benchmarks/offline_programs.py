@@ -1,8 +1,8 @@
-"""DSL program throughput with the radix cache on and off: a few-shot and a fork-heavy workload."""
+"""The programs mode of benchmarks/offline.py: DSL program throughput with the radix cache on and off
+(a few-shot and a fork-heavy workload on the packaged model)."""
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 from typing import Any
@@ -115,15 +115,11 @@ def bench(model: str | None, num: int, max_tokens: int, cache_on: bool) -> list[
         backend.shutdown()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", help="model folder or .gguf (default: the packaged SmolLM2)")
-    parser.add_argument("--num", type=int, default=16, help="few-shot programs (fork-heavy: num/4)")
-    parser.add_argument("--max-tokens", type=int, default=8)
-    args = parser.parse_args()
+def run_programs(model: str | None, num: int, max_tokens: int) -> None:
+    """Both workloads with the radix cache on, then off; prints a markdown table."""
     rows = []
     for cache_on in (True, False):
-        rows += bench(args.model, args.num, args.max_tokens, cache_on)
+        rows += bench(model, num, max_tokens, cache_on)
     rows.sort(key=lambda r: (r["workload"], r["radix cache"] == "off"))
     print("| workload | radix cache | programs | seconds | programs/s | cache hit rate |")
     print("|---|---|---:|---:|---:|---:|")
@@ -132,7 +128,3 @@ def main() -> None:
             f"| {r['workload']} | {r['radix cache']} | {r['programs']} | {r['seconds']:.1f} "
             f"| {r['programs/s']:.2f} | {r['cache hit rate']:.0%} |"
         )
-
-
-if __name__ == "__main__":
-    main()
