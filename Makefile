@@ -22,10 +22,16 @@ $(STAMP): $(BIN)/python pyproject.toml Makefile
 
 install: $(STAMP)
 
+# mypy reads weft as it is installed: a tree of links in the package layout of pyproject's
+# package-dir (weft/runtime -> runtime/, ...), so that every `weft.*` import is checked
+MYPY_TREE := build/mypy-tree
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy weft lang runtime radix constrain kernels
+	rm -rf $(MYPY_TREE) && mkdir -p $(MYPY_TREE)/weft
+	ln -s $(CURDIR)/weft/*.py $(MYPY_TREE)/weft/
+	for d in lang runtime radix constrain kernels; do ln -s $(CURDIR)/$$d $(MYPY_TREE)/weft/$$d; done
+	cd $(MYPY_TREE) && $(CURDIR)/$(BIN)/mypy --config-file $(CURDIR)/pyproject.toml -p weft
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q tests

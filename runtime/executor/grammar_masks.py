@@ -84,7 +84,7 @@ class GrammarMasks:
         """
         assert self.bitmask is not None
         where = {i: k for k, i in enumerate(samplers)}
-        slots: list[int] = [reqs[i].row for i in masked]  # set: fill checked them
+        slots = [_row(reqs[i]) for i in masked]
         t0 = time.perf_counter_ns()
         mask = self._copy_rows(slots) if self.device.type == "cuda" else self.bitmask
         index = to_device([where[i] for i in masked] + slots, torch.int64, self.device)
@@ -145,3 +145,9 @@ def _p50_p99(ns: deque[int]) -> tuple[float, float]:
     if not n:
         return 0.0, 0.0
     return ordered[(n - 1) // 2] / 1e3, ordered[min(n - 1, (99 * n) // 100)] / 1e3
+
+
+def _row(req: Req) -> int:
+    """A request's table row (set: only requests holding one are filled)."""
+    assert req.row is not None, req.rid
+    return req.row

@@ -247,7 +247,16 @@ class ModelRunner:
             seq_lens.append(start + n)
         # one host-to-device copy for all of it (it does not wait for the step before)
         rows = [r.row for r in batch.reqs]
-        parts = [ids, positions, rows, seq_lens, list(batch.extend_lens), future_at, future_row]
+        assert all(r is not None for r in rows), "a request without its table row"
+        parts: list[list[Any]] = [
+            ids,
+            positions,
+            rows,
+            seq_lens,
+            list(batch.extend_lens),
+            future_at,
+            future_row,
+        ]
         flat = to_device([x for part in parts for x in part], torch.int64, self.device)
         cut = list(itertools.accumulate(map(len, parts), initial=0))
         input_ids, pos, req_rows, seq_t, ext_t, at_t, row_t = (

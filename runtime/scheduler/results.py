@@ -3,8 +3,6 @@ finished requests cached in the tree, requests whose prefill completed joining t
 
 from __future__ import annotations
 
-from collections.abc import Collection
-
 from weft.runtime.executor.batch import ForwardMode
 from weft.runtime.executor.step import LaunchedStep
 from weft.runtime.ipc.messages import FinishReason
@@ -17,7 +15,7 @@ def apply_results(
     step: LaunchedStep,
     queues: Queues,
     cache: KVCacheManager,
-    eos_ids: Collection[int],
+    eos_ids: frozenset[int],
     forced_tokens: bool,
     stats: dict[str, int],
 ) -> list[Req]:
