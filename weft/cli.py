@@ -117,8 +117,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from weft.runtime.server.http.app import ServerConfig
     from weft.runtime.server.http.serve import run_server
+    from weft.runtime.server.http.state import ServerConfig
 
     config = ServerConfig(
         engine=EngineConfig.from_kwargs(**_engine_kwargs(args)),

@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 from weft.runtime.config import EngineConfig
 from weft.runtime.server.generate_input import GenerateInput
 from weft.runtime.server.launch import start_runtime
-from weft.runtime.server.tokenizer_manager import ReqState, RuntimeDown
+from weft.runtime.server.output import ReqState
+from weft.runtime.server.tokenizer_manager import RuntimeDown
 
 logger = logging.getLogger(__name__)
 

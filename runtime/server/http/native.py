@@ -6,16 +6,16 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, fields
+from importlib.metadata import version
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-import weft
 from weft.runtime.server.chat import chat_text, normalize_messages
 from weft.runtime.server.generate_input import GenerateInput
-from weft.runtime.server.http.app import AppState, read_json, until_done_or_disconnect
 from weft.runtime.server.http.responses import held_stream, unenforced_headers
+from weft.runtime.server.http.state import AppState, read_json, state_of, until_done_or_disconnect
 from weft.runtime.server.tokenizer_manager import RuntimeDown
 
 router = APIRouter()
@@ -31,11 +31,6 @@ _LIST_KEYS = (
     "input_token_ids_logprobs",
     "output_token_ids_logprobs",
 )
-
-
-def state_of(request: Request) -> AppState:
-    state: AppState = request.app.state.weft
-    return state
 
 
 def generate_input(body: Any) -> GenerateInput:
@@ -165,7 +160,7 @@ async def server_info(request: Request) -> dict[str, Any]:
         "page_size": rt.server_info["page_size"],
         "scheduler_pid": rt.server_info.get("pid"),
         "internal_states": [internal],
-        "version": weft.__version__,
+        "version": version("weft"),
     }
 
 
