@@ -26,6 +26,8 @@ class Engine:
 
     `model` is a HF folder, a .gguf file, or None for the packaged SmolLM2-135M-Instruct; the other
     keyword arguments are `EngineConfig` fields. Use it as a context manager or call `shutdown()`.
+    `tokenizer` is None with skip_tokenizer_init (prompts are input_ids, results have no text);
+    `server_info["tokenizer_source"]` says which tokenizer runs (e.g. a synthetic one).
     """
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:

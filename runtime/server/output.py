@@ -59,7 +59,8 @@ class ReqState:
 
 
 def build_output(tokenizer: Any, state: ReqState, final: bool) -> dict[str, Any]:
-    """final: the whole result; otherwise the delta of the pieces not yet consumed (streaming)."""
+    """final: the whole result; otherwise the delta of the pieces not yet consumed (streaming).
+    Without a tokenizer (skip_tokenizer_init) there is no "text" key, as in SGLang's results."""
     pieces: list[StrOut] = state.pieces
     state.pieces = []
     last = pieces[-1].token if pieces else None
@@ -97,6 +98,8 @@ def build_output(tokenizer: Any, state: ReqState, final: bool) -> dict[str, Any]
                 meta[key] = meta.get(key, []) + new
             else:
                 meta[key] = new
+    if tokenizer is None:
+        return {"output_ids": list(output_ids), "meta_info": dict(meta)}
     return {"text": text, "output_ids": list(output_ids), "meta_info": dict(meta)}
 
 

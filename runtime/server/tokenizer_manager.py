@@ -27,7 +27,7 @@ from weft.runtime.ipc.messages import (
     encode,
 )
 from weft.runtime.loader.model_info import ModelInfo
-from weft.runtime.server.generate_input import GenerateInput, PromptSpec
+from weft.runtime.server.generate_input import GenerateInput, PromptSpec, no_tokenizer
 from weft.runtime.server.output import ReqState, build_output
 
 logger = logging.getLogger(__name__)
@@ -134,6 +134,10 @@ class TokenizerManager:
                     self.abort(state.rid)
 
     def _tokenize(self, spec: PromptSpec) -> list[int]:
+        if self.tokenizer is None:  # skip_tokenizer_init: ids only, and nothing that reads text
+            needs = spec.needs_tokenizer()
+            if needs is not None:
+                raise no_tokenizer(needs)
         if spec.input_ids is not None:
             return spec.input_ids
         assert spec.text is not None

@@ -65,9 +65,9 @@ def create_app(config: ServerConfig, start: bool = True) -> FastAPI:
 
     @app.exception_handler(ValueError)
     async def value_error(request: Request, exc: ValueError) -> JSONResponse:
-        status = exc.status if isinstance(exc, BadRequest) else 400
-        param = exc.param if isinstance(exc, BadRequest) else None
-        return error_response(request, str(exc), status, param)
+        if isinstance(exc, BadRequest):
+            return error_response(request, str(exc), exc.status, exc.param, exc.code)
+        return error_response(request, str(exc), 400)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

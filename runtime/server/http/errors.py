@@ -3,18 +3,24 @@ on the native routes and OpenAI's on /v1."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 
 class BadRequest(ValueError):
-    """A ValueError with a status code other than 400 (404 unknown model, 413, ...)."""
+    """A ValueError with a status code other than 400 (404 unknown model, 413, ...), the field it
+    is about, and OpenAI's error code where it is not the status (e.g. "model_not_found")."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.param = param
+        self.code = code
 
 
 def is_openai_path(request: Request) -> bool:
@@ -22,11 +28,12 @@ def is_openai_path(request: Request) -> bool:
 
 
 def error_response(
-    request: Request, message: str, status: int, param: str | None = None
+    request: Request, message: str, status: int, param: str | None = None, code: str | None = None
 ) -> JSONResponse:
     if is_openai_path(request):
         kind = "invalid_request_error" if status < 500 else "internal_error"
-        body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+        err = {"message": message, "type": kind, "param": param, "code": code or status}
+        body: dict[str, Any] = {"error": err}
     else:
         body = {"error": {"message": message}}
     return JSONResponse(body, status_code=status)

@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -37,6 +37,8 @@ from weft.runtime.server.tokenizer_manager import TokenizerManager
 
 router = APIRouter()
 
+R = TypeVar("R", CompletionRequest, ChatCompletionRequest)
+
 
 ##### Models #####
 
@@ -50,7 +52,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def get_model(request: Request, model_id: str) -> Response:
     state = state_of(request)
     if model_id != state.config.model_name:
-        return model_not_found(model_id)
+        raise _model_not_found(model_id)
     return JSONResponse(_model_card(state))
 
 
@@ -67,18 +69,22 @@ def _model_card(state: AppState) -> dict[str, Any]:
     }
 
 
-def model_not_found(name: str) -> JSONResponse:
-    err = {
-        "message": f"The model '{name}' does not exist",
-        "type": "invalid_request_error",
-        "param": "model",
-        "code": "model_not_found",
-    }
-    return JSONResponse({"error": err}, status_code=404)
+def _model_not_found(name: str) -> BadRequest:
+    return BadRequest(f"The model '{name}' does not exist", 404, "model", code="model_not_found")
 
 
-def known_model(state: AppState, name: str) -> bool:
-    return name in (state.config.model_name, "default")
+async def v1_request(request: Request, cls: type[R]) -> tuple[AppState, R]:
+    """The route's state and its /v1 body as `cls`, for a model this server serves (else a 404),
+    with stream_options only where stream is true."""
+    state = state_of(request)
+    req = parse_request(cls, await read_json(request, strict=True))
+    if req.model not in (state.config.model_name, "default"):
+        raise _model_not_found(req.model)
+    if req.stream_options is not None and not req.stream:
+        raise BadRequest(
+            "stream_options is only allowed when stream is true", 400, "stream_options"
+        )
+    return state, req
 
 
 ##### /v1/completions #####
@@ -86,13 +92,13 @@ def known_model(state: AppState, name: str) -> bool:
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    state = state_of(request)
-    req = parse_request(CompletionRequest, await read_json(request, strict=True))
-    if not known_model(state, req.model):
-        return model_not_found(req.model)
-    check_stream_options(req.stream, req.stream_options is not None)
+    state, req = await v1_request(request, CompletionRequest)
     if req.best_of is not None and req.best_of not in (1, req.n):
         raise BadRequest("best_of is not supported (only best_of == n)", 400, "best_of")
+    if req.echo:
+        state.tokenizer_for("echo (the prompt as text)")
+    if req.logprobs is not None:
+        state.tokenizer_for("logprobs on /v1/completions (tokens as text)")
     prompts = _prompts(req.prompt)
     rid = req.rid if isinstance(req.rid, str) else f"cmpl-{uuid.uuid4().hex}"
     rids: str | list[str] = (
@@ -129,8 +135,8 @@ async def completions(request: Request) -> Response:
         logprobs = None
         if req.logprobs is not None:
             logprobs = legacy_logprobs(*logprob_rows(meta, req.echo), offset=0)
-        text = (echoes[k // req.n] if req.echo else "") + out["text"]
-        choices.append(_choice(k, text=text, logprobs=logprobs, reason=reason, matched=matched))
+        text = (echoes[k // req.n] if req.echo else "") + out.get("text", "")
+        choices.append(_choice(k, text, logprobs, reason, matched, _ids_without_text(out)))
     body = {**head, "choices": choices, "usage": usage(state, req, metas)}
     return JSONResponse(body, headers=unenforced_headers(metas.values()))
 
@@ -165,7 +171,7 @@ async def _completion_chunks(
         async for delta in results:
             k = int(delta.get("index", 0))
             meta = metas[k] = delta["meta_info"]
-            text = delta["text"]
+            text = delta.get("text", "")
             if req.echo and k not in sent:
                 text = echoes[k // req.n] + text
             logprobs = None
@@ -173,34 +179,37 @@ async def _completion_chunks(
                 logprobs = legacy_logprobs(*logprob_rows(meta, req.echo), offset=sent.get(k, 0))
             sent[k] = sent.get(k, 0) + len(text)
             reason, matched = finish_of(meta)
-            if not text and reason is None and not (logprobs and logprobs["tokens"]):
+            ids = _ids_without_text(delta)
+            if not text and not ids and reason is None and not (logprobs and logprobs["tokens"]):
                 continue
-            chunk = {**head, "choices": [_choice(k, text, logprobs, reason, matched)]}
+            chunk = {**head, "choices": [_choice(k, text, logprobs, reason, matched, ids)]}
             yield with_usage(chunk, state, req, metas, continuous=True)
     if req.stream_options is not None and req.stream_options.include_usage:
         yield with_usage({**head, "choices": []}, state, req, metas, continuous=False)
 
 
 def _choice(
-    k: int, text: str, logprobs: Any, reason: str | None, matched: int | str | None
+    k: int,
+    text: str,
+    logprobs: Any,
+    reason: str | None,
+    matched: int | str | None,
+    output_ids: list[int] | None = None,
 ) -> dict[str, Any]:
-    return {
-        "index": k,
-        "text": text,
-        "logprobs": logprobs,
-        "finish_reason": reason,
-        "matched_stop": matched,
-    }
+    """One choice; with skip_tokenizer_init the text is empty and `output_ids` (a weft field, as on
+    /generate) carries the tokens."""
+    choice = {"index": k, "text": text}
+    if output_ids is not None:
+        choice["output_ids"] = output_ids
+    return {**choice, "logprobs": logprobs, "finish_reason": reason, "matched_stop": matched}
+
+
+def _ids_without_text(out: dict[str, Any]) -> list[int] | None:
+    """A result's output ids when it has no text (skip_tokenizer_init), else None."""
+    return None if "text" in out else list(out["output_ids"])
 
 
 ##### Shared #####
-
-
-def check_stream_options(stream: bool, has_options: bool) -> None:
-    if has_options and not stream:
-        raise BadRequest(
-            "stream_options is only allowed when stream is true", 400, "stream_options"
-        )
 
 
 def usage(

@@ -19,17 +19,15 @@ from weft.runtime.server.chat import normalize_messages, render_chat
 from weft.runtime.server.generate_input import GenerateInput
 from weft.runtime.server.http.errors import BadRequest
 from weft.runtime.server.http.openai_api import (
-    check_stream_options,
     collect,
-    known_model,
-    model_not_found,
     usage,
+    v1_request,
     with_usage,
 )
-from weft.runtime.server.http.openai_protocol import ChatCompletionRequest, parse_request
+from weft.runtime.server.http.openai_protocol import ChatCompletionRequest
 from weft.runtime.server.http.openai_results import chat_logprobs, finish_of, logprob_rows
 from weft.runtime.server.http.responses import held_stream, openai_stream, unenforced_headers
-from weft.runtime.server.http.state import AppState, read_json, state_of
+from weft.runtime.server.http.state import AppState
 from weft.runtime.server.http.tool_calls import (
     ToolPlan,
     finish_reason,
@@ -58,11 +56,8 @@ def _tool_format(state: AppState) -> tuple[ToolFormat, bool]:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    state = state_of(request)
-    req = parse_request(ChatCompletionRequest, await read_json(request, strict=True))
-    if not known_model(state, req.model):
-        return model_not_found(req.model)
-    check_stream_options(req.stream, req.stream_options is not None)
+    state, req = await v1_request(request, ChatCompletionRequest)
+    state.tokenizer_for("/v1/chat/completions (its messages are text)")
     if req.top_logprobs is not None and not req.logprobs:
         raise BadRequest("top_logprobs needs logprobs to be true", 400, "top_logprobs")
     rt = state.rt

@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+from weft.runtime.loader.synthetic_tokenizer import byte_alphabet
+
 
 def finish_of(meta: Mapping[str, Any]) -> tuple[str | None, int | str | None]:
     """(finish_reason, matched_stop) in OpenAI terms from SGLang's meta_info."""
@@ -122,9 +124,5 @@ def token_bytes(tokenizer: Any, token_id: int, text: str) -> list[int]:
 
 @lru_cache(maxsize=1)
 def _byte_level_decoder() -> dict[str, int]:
-    """GPT-2's printable-unicode -> byte table: byte-level BPE token text back to its bytes."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
-    moved = [b for b in range(256) if b not in kept]  # control bytes, space, ... -> U+0100 on
-    table = {chr(b): b for b in kept}
-    table.update({chr(256 + i): b for i, b in enumerate(moved)})
-    return table
+    """Byte-level BPE token text back to its bytes (GPT-2's alphabet, inverted)."""
+    return {ch: b for b, ch in byte_alphabet().items()}

@@ -13,6 +13,7 @@ from fastapi import Request
 
 from weft.runtime.config import EngineConfig
 from weft.runtime.server.chat import load_chat_template
+from weft.runtime.server.generate_input import no_tokenizer
 from weft.runtime.server.http.metrics import Metrics
 from weft.runtime.server.http.tool_parser import TOOL_CALL_PARSERS, ToolFormat
 from weft.runtime.server.launch import Runtime
@@ -83,6 +84,14 @@ class AppState:
         if self.runtime is None:
             raise RuntimeDown("the server is still starting")
         return self.runtime
+
+    def tokenizer_for(self, what: str) -> Any:
+        """The runtime's tokenizer, which `what` needs: a 400 naming skip_tokenizer_init when the
+        runtime has none."""
+        tokenizer = self.rt.tokenizer
+        if tokenizer is None:
+            raise no_tokenizer(what)
+        return tokenizer
 
 
 def state_of(request: Request) -> AppState:
