@@ -72,7 +72,9 @@ class EngineConfig:
     """
 
     model: str | None = None  # HF folder, .gguf file, or None for the packaged SmolLM2
-    tokenizer: str | None = None  # defaults to the model's own
+    tokenizer: str | None = None  # defaults to the model's own (a synthetic one: see loader)
+    # no tokenizer anywhere (SGLang's): requests give input_ids, results carry output_ids, no text
+    skip_tokenizer_init: bool = False
     load_format: Literal["auto", "dummy"] = "auto"
     dtype: DType = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     # the KV pool's element type: auto = the model dtype; fp8_e4m3 halves the pool's bytes (twice
@@ -120,6 +122,8 @@ class EngineConfig:
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.load_format == "dummy" and self.model is None:
             raise ValueError("load_format='dummy' needs model= a folder with a config.json")
+        if self.skip_tokenizer_init and self.tokenizer is not None:
+            raise ValueError("skip_tokenizer_init loads no tokenizer: do not pass tokenizer= too")
         if self.dtype not in ("auto", *_DTYPES):
             raise ValueError(
                 f"dtype must be one of auto/float32/bfloat16/float16, got {self.dtype!r}"

@@ -14,7 +14,10 @@ from weft.runtime.server.http.tool_parser import TOOL_CALL_PARSERS
 
 _HELP = {
     "model": "HF folder or .gguf file; none = the packaged SmolLM2-135M-Instruct",
-    "tokenizer": "tokenizer folder, if not the model's",
+    "tokenizer": "tokenizer folder, if not the model's (a model folder without one, with "
+    "--load-format dummy: a synthetic byte-level tokenizer of the config's vocabulary)",
+    "skip_tokenizer_init": "load no tokenizer: requests send input_ids and get output_ids, no text "
+    "(stop strings, grammars and chat are refused)",
     "load_format": "auto (read weights) or dummy (random weights of the config's shape)",
     "dtype": "auto = float32 on CPU, bfloat16 on CUDA",
     "device": "auto, cpu or cuda",
@@ -99,6 +102,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
     }
+    if args.skip_tokenizer_init:
+        raise ValueError("weft generate takes a text prompt: drop --skip-tokenizer-init")
     with Engine(**_engine_kwargs(args)) as engine:
         prompt = args.prompt
         if args.chat:
@@ -117,8 +122,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from weft.runtime.server.http.app import ServerConfig
     from weft.runtime.server.http.serve import run_server
+    from weft.runtime.server.http.state import ServerConfig
 
     config = ServerConfig(
         engine=EngineConfig.from_kwargs(**_engine_kwargs(args)),

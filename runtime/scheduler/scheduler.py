@@ -24,8 +24,9 @@ from weft.runtime.ipc.messages import (
     StateOut,
     TokenizedGenerateReq,
 )
-from weft.runtime.loader import load_tokenizer, read_hf_config
+from weft.runtime.loader import read_hf_config
 from weft.runtime.loader.model_info import ModelInfo
+from weft.runtime.loader.tokenizer_source import resolve_tokenizer
 from weft.runtime.scheduler.cache_manager import KVCacheManager
 from weft.runtime.scheduler.finish import token_out
 from weft.runtime.scheduler.grammar import GrammarQueue
@@ -59,7 +60,7 @@ class Scheduler:
         self.is_leader = tp is None or tp.is_leader
         hf_config = read_hf_config(model_path)
         self.info = ModelInfo.from_folder(model_path, hf_config, config)
-        self.tokenizer = load_tokenizer(model_path)
+        self.tokenizer = resolve_tokenizer(config, model_path).load()  # None: skip_tokenizer_init
         self.runner = ModelRunner(config, model_path, hf_config, self.info.context_len, tp)
         self.runner.stop_ids = self.info.eos_ids
         tree: PrefixCache = (
@@ -80,7 +81,7 @@ class Scheduler:
             self.info.eos_ids,
             timeout_s=config.grammar_timeout * scale,
         )
-        if self.runner.device.type == "cuda":  # a server: no ~1 s stall at the first schema
+        if self.runner.device.type == "cuda" and self.tokenizer is not None:  # no ~1 s stall later
             self.grammars.start_backend()
         self.overlap = Overlap(config.resolved_overlap, config.enable_mixed_chunk)
         # NOTE: with overlap, forced tokens are sampled one by one (the mask allows only them: the

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from weft.runtime.config import EngineConfig
 from weft.runtime.detokenize import IncrementalDecoder, one_shot_texts
 from weft.runtime.ipc.channel import Channel, Endpoints, parent_alive, run_child
 from weft.runtime.ipc.messages import BatchStrOut, BatchTokenOut, StrOut, TokenOut
-from weft.runtime.loader import load_tokenizer
+from weft.runtime.loader.tokenizer_source import resolve_tokenizer
 from weft.runtime.stop import StopMatcher
 
 logger = logging.getLogger(__name__)
@@ -26,7 +27,8 @@ class _Stream:
 
 
 class Detokenizer:
-    """Decodes each request exactly as the scheduler's stop check does (same ids, same flags)."""
+    """Decodes each request exactly as the scheduler's stop check does (same ids, same flags);
+    without a tokenizer (skip_tokenizer_init) it passes the ids on with no text."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -35,6 +37,8 @@ class Detokenizer:
     def process(self, batch: BatchTokenOut) -> BatchStrOut:
         """Each output's text; whole outputs that arrive finished (no earlier report, decoded at
         once: not token by token) are decoded together, in batched calls (`one_shot_texts`)."""
+        if self.tokenizer is None:
+            return BatchStrOut([StrOut("", out) for out in batch.outs])
         whole: dict[bool, list[int]] = {}  # skip_special_tokens -> indices in batch.outs
         for i, out in enumerate(batch.outs):
             if out.finish is not None and not out.token_by_token and out.rid not in self.streams:
@@ -99,13 +103,14 @@ def _final(out: TokenOut, text: str, emitted: int) -> StrOut:
 
 
 def run_detokenizer_process(
-    config: EngineConfig, tokenizer_path: str, ends: Endpoints, parent: int
+    config: EngineConfig, model_path: str, ends: Endpoints, parent: int
 ) -> None:
     """Entry point of the detokenizer child process."""
 
     def start(channel: Channel | None) -> tuple[tuple[Channel, Detokenizer], dict[str, Any]]:
         assert channel is not None
-        return (channel, Detokenizer(load_tokenizer(tokenizer_path))), {}
+        tokenizer = resolve_tokenizer(config, Path(model_path)).load()
+        return (channel, Detokenizer(tokenizer)), {}
 
     def serve(args: tuple[Channel, Detokenizer]) -> None:
         channel, detok = args

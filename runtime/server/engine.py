@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 from weft.runtime.config import EngineConfig
 from weft.runtime.server.generate_input import GenerateInput
 from weft.runtime.server.launch import start_runtime
-from weft.runtime.server.tokenizer_manager import ReqState, RuntimeDown
+from weft.runtime.server.output import ReqState
+from weft.runtime.server.tokenizer_manager import RuntimeDown
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +26,8 @@ class Engine:
 
     `model` is a HF folder, a .gguf file, or None for the packaged SmolLM2-135M-Instruct; the other
     keyword arguments are `EngineConfig` fields. Use it as a context manager or call `shutdown()`.
+    `tokenizer` is None with skip_tokenizer_init (prompts are input_ids, results have no text);
+    `server_info["tokenizer_source"]` says which tokenizer runs (e.g. a synthetic one).
     """
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:

@@ -26,6 +26,31 @@ class PromptSpec:
     return_text_in_logprobs: bool
     stream: bool
 
+    def needs_tokenizer(self) -> str | None:
+        """The first thing this prompt asks for that only a tokenizer gives, or None."""
+        p = self.params
+        if self.text is not None:
+            return "a text prompt"
+        if p.stop:
+            return "stop strings (stop)"
+        if p.stop_regex:
+            return "stop_regex"
+        for name in ("json_schema", "regex", "ebnf", "structural_tag"):
+            if getattr(p, name) is not None:
+                return f"constrained decoding ({name})"
+        if self.return_logprob and self.return_text_in_logprobs:
+            return "return_text_in_logprobs"
+        return None
+
+
+def no_tokenizer(what: str) -> ValueError:
+    """The refusal of `what` on a runtime started with skip_tokenizer_init."""
+    return ValueError(
+        f"{what} needs a tokenizer, but this runtime runs with skip_tokenizer_init (token ids in, "
+        "token ids out): send input_ids (on /v1/completions a prompt of token ids) and read "
+        "output_ids"
+    )
+
 
 @dataclass(frozen=True)
 class GenerateInput:

@@ -13,8 +13,9 @@ from weft.runtime.config import EngineConfig
 from weft.runtime.ipc.channel import Endpoints
 from weft.runtime.ipc.child import ChildProcess
 from weft.runtime.ipc.messages import ReadyOut
-from weft.runtime.loader import load_tokenizer, read_hf_config, resolve_model_path
+from weft.runtime.loader import read_hf_config, resolve_model_path
 from weft.runtime.loader.model_info import ModelInfo
+from weft.runtime.loader.tokenizer_source import TokenizerSource, resolve_tokenizer
 from weft.runtime.models.parallel import check_tp
 from weft.runtime.server.tokenizer_manager import RuntimeDown, TokenizerManager
 
@@ -23,9 +24,10 @@ logger = logging.getLogger(__name__)
 
 class ChildProcesses:
     """The scheduler (one process per tensor-parallel rank) and the detokenizer of one runtime;
-    any death takes the others down."""
+    any death takes the others down. Each resolves the runtime's tokenizer from the model path
+    (`resolve_tokenizer`), as the front did."""
 
-    def __init__(self, config: EngineConfig, model_path: Path, tokenizer_path: Path) -> None:
+    def __init__(self, config: EngineConfig, model_path: Path) -> None:
         self.ends, self.ipc_dir = Endpoints.in_private_dir()
         self.procs = {
             "scheduler": ChildProcess("scheduler", config, str(model_path), self.ends),
@@ -34,9 +36,7 @@ class ChildProcesses:
             self.procs[f"scheduler rank {rank}"] = ChildProcess(
                 "scheduler", config, str(model_path), self.ends, tp_rank=rank
             )
-        self.procs["detokenizer"] = ChildProcess(
-            "detokenizer", config, str(tokenizer_path), self.ends
-        )
+        self.procs["detokenizer"] = ChildProcess("detokenizer", config, str(model_path), self.ends)
         self.closed = False
 
     def start(self) -> None:
@@ -90,7 +90,8 @@ class Runtime:
     config: EngineConfig
     model_path: Path
     info: ModelInfo
-    tokenizer: Any
+    tokenizer: Any  # None with skip_tokenizer_init
+    tokenizer_source: TokenizerSource
     children: ChildProcesses
     manager: TokenizerManager
     server_info: dict[str, Any]
@@ -100,23 +101,38 @@ class Runtime:
         await self.manager.close()
 
 
-def prepare(config: EngineConfig) -> tuple[Path, Path, Any, ModelInfo]:
-    """Model folder (converted if needed), tokenizer folder, tokenizer and model facts."""
+@dataclass(frozen=True)
+class Prepared:
+    """What the front works out before any process starts."""
+
+    model_path: Path  # converted if needed
+    info: ModelInfo
+    tokenizer_source: TokenizerSource
+    tokenizer: Any  # None with skip_tokenizer_init
+
+
+def prepare(config: EngineConfig) -> Prepared:
+    """The model folder, its facts and its tokenizer; the children resolve the same tokenizer
+    (a synthetic one is built here, so they find it cached)."""
     model_path = resolve_model_path(
         config.model, config.resolved_cache_dir, need_weights=config.load_format != "dummy"
     )
-    tokenizer_path = Path(config.tokenizer) if config.tokenizer else model_path
-    tokenizer = load_tokenizer(tokenizer_path)
     hf_config = read_hf_config(model_path)
     check_tp(hf_config, config.tp_size)  # before any process starts
     info = ModelInfo.from_folder(model_path, hf_config, config)
-    return model_path, tokenizer_path, tokenizer, info
+    source = resolve_tokenizer(config, model_path)
+    if source.kind == "synthetic":
+        logger.warning("tokenizer: %s (cached in %s)", source.description, source.path)
+    elif source.kind == "none":
+        logger.info("tokenizer: %s", source.description)
+    return Prepared(model_path, info, source, source.load())
 
 
 async def start_runtime(config: EngineConfig) -> Runtime:
     """Everything up to "ready", on the running event loop; raises with the reason on failure."""
-    model_path, tokenizer_path, tokenizer, info = prepare(config)
-    children = ChildProcesses(config, model_path, tokenizer_path)
+    prep = prepare(config)
+    model_path, info, tokenizer = prep.model_path, prep.info, prep.tokenizer
+    children = ChildProcesses(config, model_path)
     manager = TokenizerManager(
         tokenizer,
         info,
@@ -134,7 +150,10 @@ async def start_runtime(config: EngineConfig) -> Runtime:
         await manager.close()
         raise
     manager.max_total_tokens = int(server_info["max_total_tokens"])
-    return Runtime(config, model_path, info, tokenizer, children, manager, server_info)
+    server_info["tokenizer_source"] = prep.tokenizer_source.to_dict()
+    return Runtime(
+        config, model_path, info, tokenizer, prep.tokenizer_source, children, manager, server_info
+    )
 
 
 async def _wait_ready(manager: TokenizerManager) -> dict[str, Any]:

@@ -1,14 +1,15 @@
-"""Result dicts in SGLang's shape: text, output_ids and meta_info (lengths, finish reason, logprobs)."""
+"""A request's results: ReqState (what has arrived for one output) and the SGLang-shaped dicts built
+from it (text, output_ids, meta_info with lengths, finish reason and logprobs)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from weft.runtime.ipc.messages import StrOut
-
-if TYPE_CHECKING:
-    from weft.runtime.server.tokenizer_manager import ReqState
+from weft.runtime.server.generate_input import PromptSpec
 
 _LOGPROB_FIELDS = (
     ("input_token_logprobs", "input_logprobs", False),
@@ -20,8 +21,46 @@ _LOGPROB_FIELDS = (
 )
 
 
+@dataclass
+class ReqState:
+    """One output of a request, as the detokenizer's pieces arrive for it."""
+
+    spec: PromptSpec
+    input_ids: list[int]
+    rid: str
+    out_index: int
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    pieces: list[StrOut] = field(default_factory=list)  # not yet consumed
+    meta: dict[str, Any] = field(default_factory=dict)
+    finished: bool = False
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    created: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    rejected: str | None = None  # the scheduler refused the request itself (e.g. bad grammar)
+
+    def add(self, out: StrOut, now: float) -> None:
+        """Take one piece: its new text and ids, the token times, the finish (if it is one)."""
+        if out.token.new_ids:
+            if self.first_token_at is None:
+                self.first_token_at = now
+            self.last_token_at = now
+        self.pieces.append(out)
+        self.text += out.text
+        self.output_ids += out.token.new_ids
+        fin = out.token.finish
+        if fin is not None:
+            if fin.type == "abort" and fin.status is not None:
+                self.rejected = fin.message or "the request was rejected"
+            if out.full_text is not None:
+                self.text = out.full_text
+            self.finished = True
+
+
 def build_output(tokenizer: Any, state: ReqState, final: bool) -> dict[str, Any]:
-    """final: the whole result; otherwise the delta of the pieces not yet consumed (streaming)."""
+    """final: the whole result; otherwise the delta of the pieces not yet consumed (streaming).
+    Without a tokenizer (skip_tokenizer_init) there is no "text" key, as in SGLang's results."""
     pieces: list[StrOut] = state.pieces
     state.pieces = []
     last = pieces[-1].token if pieces else None
@@ -59,6 +98,8 @@ def build_output(tokenizer: Any, state: ReqState, final: bool) -> dict[str, Any]
                 meta[key] = meta.get(key, []) + new
             else:
                 meta[key] = new
+    if tokenizer is None:
+        return {"output_ids": list(output_ids), "meta_info": dict(meta)}
     return {"text": text, "output_ids": list(output_ids), "meta_info": dict(meta)}
 
 

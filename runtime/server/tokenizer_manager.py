@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -28,8 +27,8 @@ from weft.runtime.ipc.messages import (
     encode,
 )
 from weft.runtime.loader.model_info import ModelInfo
-from weft.runtime.server.generate_input import GenerateInput, PromptSpec
-from weft.runtime.server.output import build_output
+from weft.runtime.server.generate_input import GenerateInput, PromptSpec, no_tokenizer
+from weft.runtime.server.output import ReqState, build_output
 
 logger = logging.getLogger(__name__)
 
@@ -43,24 +42,6 @@ BATCH_PART_TOKENS = 1 << 17
 
 class RuntimeDown(RuntimeError):
     """A child process died; no request can be served any more."""
-
-
-@dataclass
-class ReqState:
-    spec: PromptSpec
-    input_ids: list[int]
-    rid: str
-    out_index: int
-    text: str = ""
-    output_ids: list[int] = field(default_factory=list)
-    pieces: list[StrOut] = field(default_factory=list)  # not yet consumed
-    meta: dict[str, Any] = field(default_factory=dict)
-    finished: bool = False
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    created: float = field(default_factory=time.perf_counter)
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    rejected: str | None = None  # the scheduler refused the request itself (e.g. bad grammar)
 
 
 class TokenizerManager:
@@ -153,6 +134,10 @@ class TokenizerManager:
                     self.abort(state.rid)
 
     def _tokenize(self, spec: PromptSpec) -> list[int]:
+        if self.tokenizer is None:  # skip_tokenizer_init: ids only, and nothing that reads text
+            needs = spec.needs_tokenizer()
+            if needs is not None:
+                raise no_tokenizer(needs)
         if spec.input_ids is not None:
             return spec.input_ids
         assert spec.text is not None
@@ -287,22 +272,9 @@ class TokenizerManager:
         state = self.states.get(out.token.rid)
         if state is None:
             return
-        now = time.perf_counter()
         prev = state.last_token_at
-        if out.token.new_ids:
-            if state.first_token_at is None:
-                state.first_token_at = now
-            state.last_token_at = now
-        state.pieces.append(out)
-        state.text += out.text
-        state.output_ids += out.token.new_ids
-        if out.token.finish is not None:
-            fin = out.token.finish
-            if fin.type == "abort" and fin.status is not None:
-                state.rejected = fin.message or "the request was rejected"
-            if out.full_text is not None:
-                state.text = out.full_text
-            state.finished = True
+        state.add(out, time.perf_counter())
+        if state.finished:
             del self.states[state.rid]
         for observe in self.observers:
             observe(state, out, prev)

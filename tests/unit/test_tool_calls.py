@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from weft.runtime.server.http.app import BadRequest
+from weft.runtime.server.http.errors import BadRequest
 from weft.runtime.server.http.tool_calls import (
     finish_reason,
     markers_are_special,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from weft import cli
-from weft.runtime.server.http.app import AppState, ServerConfig
-from weft.runtime.server.http.openai_api import _tool_format
+from weft.runtime.server.http.openai_chat import _tool_format
+from weft.runtime.server.http.state import AppState, ServerConfig
 from weft.runtime.server.http.tool_calls import plan_tools, resolve_tool_format
 from weft.runtime.server.http.tool_parser import TOOL_CALL_PARSERS
 

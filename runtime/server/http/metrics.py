@@ -18,7 +18,7 @@ from prometheus_client import (
 )
 
 from weft.runtime.ipc.messages import StrOut
-from weft.runtime.server.tokenizer_manager import ReqState
+from weft.runtime.server.output import ReqState
 
 router = APIRouter()
 

@@ -6,16 +6,16 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, fields
+from importlib.metadata import version
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-import weft
 from weft.runtime.server.chat import chat_text, normalize_messages
 from weft.runtime.server.generate_input import GenerateInput
-from weft.runtime.server.http.app import AppState, read_json, until_done_or_disconnect
 from weft.runtime.server.http.responses import held_stream, unenforced_headers
+from weft.runtime.server.http.state import AppState, read_json, state_of, until_done_or_disconnect
 from weft.runtime.server.tokenizer_manager import RuntimeDown
 
 router = APIRouter()
@@ -31,11 +31,6 @@ _LIST_KEYS = (
     "input_token_ids_logprobs",
     "output_token_ids_logprobs",
 )
-
-
-def state_of(request: Request) -> AppState:
-    state: AppState = request.app.state.weft
-    return state
 
 
 def generate_input(body: Any) -> GenerateInput:
@@ -98,7 +93,7 @@ async def _sse(
 
 
 def _accumulate(total: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
-    total["text"] = total.get("text", "") + delta["text"]
+    """The output so far: text (none with skip_tokenizer_init), ids and logprob lists joined."""
     total["output_ids"] = total.get("output_ids", []) + delta["output_ids"]
     meta = dict(delta["meta_info"])
     old = total.get("meta_info", {})
@@ -106,7 +101,11 @@ def _accumulate(total: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
         if key in meta:
             meta[key] = old.get(key, []) + meta[key]
     total["meta_info"] = meta
-    return {"text": total["text"], "output_ids": list(total["output_ids"]), "meta_info": meta}
+    event = {"output_ids": list(total["output_ids"]), "meta_info": meta}
+    if "text" not in delta:
+        return event
+    total["text"] = total.get("text", "") + delta["text"]
+    return {"text": total["text"], **event}
 
 
 @router.get("/health")
@@ -138,7 +137,7 @@ async def model_info(request: Request) -> dict[str, Any]:
     rt = state_of(request).rt
     return {
         "model_path": rt.info.model_path,
-        "tokenizer_path": str(rt.config.tokenizer or rt.model_path),
+        "tokenizer_path": rt.tokenizer_source.to_dict()["path"],
         "is_generation": True,
         "preferred_sampling_params": None,
         "weight_version": "default",
@@ -164,8 +163,9 @@ async def server_info(request: Request) -> dict[str, Any]:
         "max_total_num_tokens": rt.server_info["max_total_tokens"],
         "page_size": rt.server_info["page_size"],
         "scheduler_pid": rt.server_info.get("pid"),
+        "tokenizer_source": rt.server_info["tokenizer_source"],
         "internal_states": [internal],
-        "version": weft.__version__,
+        "version": version("weft"),
     }
 
 
@@ -199,7 +199,7 @@ async def abort_request(request: Request) -> Response:
 @router.post("/tokenize")
 async def tokenize(request: Request) -> dict[str, Any]:
     body = await read_json(request)
-    tokenizer = state_of(request).rt.tokenizer
+    tokenizer = state_of(request).tokenizer_for("/tokenize")
     prompt = body.get("prompt") if isinstance(body, Mapping) else None
     add_special = body.get("add_special_tokens", True) if isinstance(body, Mapping) else True
     if not isinstance(add_special, bool):
@@ -224,7 +224,8 @@ async def tokenize(request: Request) -> dict[str, Any]:
 @router.post("/detokenize")
 async def detokenize(request: Request) -> dict[str, Any]:
     body = await read_json(request)
-    rt = state_of(request).rt
+    state = state_of(request)
+    tokenizer, rt = state.tokenizer_for("/detokenize"), state.rt
     tokens = body.get("tokens") if isinstance(body, Mapping) else None
     if not isinstance(tokens, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) for t in tokens
@@ -233,7 +234,7 @@ async def detokenize(request: Request) -> dict[str, Any]:
     bad = [t for t in tokens if not 0 <= t < rt.info.vocab_size]
     if bad:
         raise ValueError(f"token id {bad[0]} is out of the vocabulary (size {rt.info.vocab_size})")
-    return {"text": rt.tokenizer.decode(tokens, skip_special_tokens=False)}
+    return {"text": tokenizer.decode(tokens, skip_special_tokens=False)}
 
 
 @router.post("/apply_chat_template")
@@ -244,6 +245,7 @@ async def apply_chat_template(request: Request) -> dict[str, Any]:
     if not isinstance(body, Mapping):
         raise ValueError("the request body must be a JSON object")
     state = state_of(request)
+    tokenizer = state.tokenizer_for("/apply_chat_template")
     messages = normalize_messages(body.get("messages"))
     add_gen = body.get("add_generation_prompt", True)
     cont = body.get("continue_final_message", False)
@@ -252,7 +254,6 @@ async def apply_chat_template(request: Request) -> dict[str, Any]:
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise ValueError("tools must be a list of tool definitions")
-    tokenizer = state.rt.tokenizer
     text = chat_text(
         tokenizer,
         messages,

@@ -10,8 +10,9 @@ from typing import Any, TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from weft.runtime.server.http.app import until_done_or_disconnect
-from weft.runtime.server.tokenizer_manager import ReqState, RuntimeDown, TokenizerManager
+from weft.runtime.server.http.state import until_done_or_disconnect
+from weft.runtime.server.output import ReqState
+from weft.runtime.server.tokenizer_manager import RuntimeDown, TokenizerManager
 
 UNENFORCED_HEADER = "X-Weft-Unenforced-Keywords"
 

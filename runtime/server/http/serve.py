@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from weft.runtime.server.http.app import ServerConfig, create_app
+from weft.runtime.server.http.app import create_app
+from weft.runtime.server.http.state import ServerConfig
 
 logger = logging.getLogger("weft.server")
 

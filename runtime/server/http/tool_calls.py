@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from weft.constrain import GrammarError, GrammarSpec
-from weft.runtime.server.http.app import BadRequest
+from weft.runtime.server.http.errors import BadRequest
 from weft.runtime.server.http.tool_parser import (
     HERMES_CLOSE,
     HERMES_OPEN,
