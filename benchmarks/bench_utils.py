@@ -7,16 +7,16 @@ import argparse
 import json
 import os
 import platform
-import random
 import shutil
 import statistics
-import string
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from weft.runtime.loader.synthetic_tokenizer import has_tokenizer, synthetic_tokenizer
 
 ##### Ceilings and devices #####
 
@@ -127,74 +127,6 @@ def write_config(folder: Path, **over: Any) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({**TINY_LLAMA, **over}))
     return folder
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: each byte as one printable character."""
-    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
-
-
-def _pseudo_word(rng: random.Random) -> str:
-    """A token string shaped like a real BPE vocabulary's: words, spaced words, digits, punctuation."""
-    kind = rng.random()
-    if kind < 0.08:
-        return "".join(rng.choices(string.digits, k=rng.randint(1, 3)))
-    if kind < 0.15:
-        return "".join(rng.choices("{}[]\":,.-_()!?/'=*#", k=rng.randint(1, 3)))
-    word = "".join(rng.choices(string.ascii_lowercase, k=rng.choice([1, 2, 3, 4, 4, 5, 6, 7, 9])))
-    if rng.random() < 0.15:
-        word = word.capitalize()
-    return ("Ġ" + word) if kind < 0.7 else word  # Ġ: a leading space in the byte alphabet
-
-
-def synthetic_tokenizer(vocab_size: int, bos_id: int | None, eos_ids: list[int]) -> Any:
-    """A byte-level BPE tokenizer of exactly `vocab_size` ids, built offline (no merges: text
-    encodes to bytes, every id decodes): all 256 bytes, the config's BOS/EOS as special tokens,
-    and seeded pseudo-words so that grammar masks walk a vocabulary of realistic shape."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials: dict[int, str] = {}
-    for i in eos_ids:
-        if 0 <= i < vocab_size:
-            specials[i] = "<|end_of_text|>" if not specials else f"<|special_{i}|>"
-    if bos_id is not None and 0 <= bos_id < vocab_size and bos_id not in specials:
-        specials[bos_id] = "<|begin_of_text|>"
-    if vocab_size < 256 + len(specials):
-        raise ValueError(f"vocab_size {vocab_size} is too small for a byte-level tokenizer")
-    free = (i for i in range(vocab_size) if i not in specials)
-    vocab = {s: i for i, s in specials.items()}
-    for ch in bytes_to_unicode().values():
-        vocab[ch] = next(free)
-    rng = random.Random(0)
-    for i in free:
-        word = _pseudo_word(rng)
-        while word in vocab:
-            word += rng.choice(string.ascii_lowercase)
-        vocab[word] = i
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True) for s in specials.values()])
-    eos = specials.get(eos_ids[0]) if eos_ids else None
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=specials.get(bos_id) if bos_id is not None else None,
-        eos_token=eos,
-        pad_token=eos,
-    )
-
-
-def has_tokenizer(folder: Path) -> bool:
-    return (folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()
 
 
 def model_folder(model: str, workdir: Path) -> tuple[Path, str]:

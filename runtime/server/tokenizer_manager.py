@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import zmq
@@ -120,7 +120,9 @@ class TokenizerManager:
         ]
         return self._submit(outputs)
 
-    async def results(self, states: list[ReqState], stream: bool) -> AsyncIterator[dict[str, Any]]:
+    async def results(
+        self, states: list[ReqState], stream: bool
+    ) -> AsyncGenerator[dict[str, Any], None]:
         try:
             if stream:
                 async for out in self._stream(states):
@@ -205,7 +207,7 @@ class TokenizerManager:
                 await self._wait(state)
         return [build_output(self.tokenizer, s, final=True) for s in states]
 
-    async def _stream(self, states: list[ReqState]) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(self, states: list[ReqState]) -> AsyncGenerator[dict[str, Any], None]:
         pending = list(states)
         while pending:
             waiters = {asyncio.ensure_future(self._wait(s)): s for s in pending if not s.pieces}

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from weft.runtime.loader.synthetic_tokenizer import has_tokenizer
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))  # the scripts import their helpers as top-level modules
 
@@ -52,22 +54,10 @@ def tiny_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 ##### Pieces #####
 
 
-def test_synthetic_tokenizer_covers_the_vocab_and_bytes() -> None:
-    tok = bench_utils.synthetic_tokenizer(600, bos_id=1, eos_ids=[2, 599])
-    assert len(tok) == 600 and tok.eos_token_id == 2 and tok.bos_token_id == 1
-    text = '{"name": "Zoë", "age": 42}\n'
-    assert tok.decode(tok.encode(text)) == text  # every byte is a token
-    assert "<|special_599|>" in tok.decode([599])
-    assert all(isinstance(tok.decode([i]), str) for i in range(600))
-    assert len(set(tok.get_vocab())) == 600
-    with pytest.raises(ValueError, match="too small"):
-        bench_utils.synthetic_tokenizer(200, None, [2])
-
-
 def test_model_folder_adds_a_tokenizer_only_when_missing(tiny_config: Path, tmp_path: Path) -> None:
     folder, note = bench_utils.model_folder(str(tiny_config), tmp_path)
     assert folder != tiny_config and "synthetic" in note
-    assert bench_utils.has_tokenizer(folder)
+    assert has_tokenizer(folder)
     same, note = bench_utils.model_folder(str(folder), tmp_path / "again")
     assert same == folder and "own" in note
 

@@ -210,9 +210,9 @@ class ChatCompletionRequest(_Common):
         """What tools / tool_choice / parallel_tool_calls ask (weft.runtime.server.http.tool_calls), for
         a model whose chat template asks for `tool_format` calls."""
         tools = [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
-        choice = self.tool_choice
-        named = choice.model_dump() if isinstance(choice, NamedToolChoice) else None
-        return plan_tools(tools, named or choice, self.parallel_tool_calls, tool_format)
+        asked = self.tool_choice
+        choice = asked.model_dump() if isinstance(asked, NamedToolChoice) else asked
+        return plan_tools(tools, choice, self.parallel_tool_calls, tool_format)
 
 
 def _format_schema(fmt: ResponseFormat) -> str:
