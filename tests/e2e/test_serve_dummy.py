@@ -209,3 +209,19 @@ def test_what_needs_text_is_a_400_naming_skip_tokenizer_init(
     stream = post(ids_only, path, {**body, "stream": True}) if "/generate" in path else None
     assert stream is None or stream.status_code == 400
     assert httpx.get(f"{ids_only}/health").status_code == 200  # nothing took a process down
+
+
+def test_the_engine_serves_ids_offline_too(config_only: Path, tmp_path: Path) -> None:
+    import weft
+
+    with weft.Engine(
+        str(config_only), load_format="dummy", skip_tokenizer_init=True, cache_dir=str(tmp_path)
+    ) as engine:
+        assert engine.tokenizer is None
+        assert engine.server_info["tokenizer_source"]["kind"] == "none"
+        out = engine.generate(input_ids=[5, 6], sampling_params={**GREEDY, "max_new_tokens": 3})
+        assert isinstance(out, dict) and set(out) == {"output_ids", "meta_info"}
+        with pytest.raises(ValueError, match="a text prompt needs a tokenizer"):
+            engine.generate("Hi")
+        again = engine.generate(input_ids=[5], sampling_params={"max_new_tokens": 2})
+        assert isinstance(again, dict) and len(again["output_ids"]) == 2  # still serving

@@ -73,20 +73,6 @@ def _model_not_found(name: str) -> BadRequest:
     return BadRequest(f"The model '{name}' does not exist", 404, "model", code="model_not_found")
 
 
-async def v1_request(request: Request, cls: type[R]) -> tuple[AppState, R]:
-    """The route's state and its /v1 body as `cls`, for a model this server serves (else a 404),
-    with stream_options only where stream is true."""
-    state = state_of(request)
-    req = parse_request(cls, await read_json(request, strict=True))
-    if req.model not in (state.config.model_name, "default"):
-        raise _model_not_found(req.model)
-    if req.stream_options is not None and not req.stream:
-        raise BadRequest(
-            "stream_options is only allowed when stream is true", 400, "stream_options"
-        )
-    return state, req
-
-
 ##### /v1/completions #####
 
 
@@ -210,6 +196,20 @@ def _ids_without_text(out: dict[str, Any]) -> list[int] | None:
 
 
 ##### Shared #####
+
+
+async def v1_request(request: Request, cls: type[R]) -> tuple[AppState, R]:
+    """The route's state and its /v1 body as `cls`, for a model this server serves (else a 404),
+    with stream_options only where stream is true."""
+    state = state_of(request)
+    req = parse_request(cls, await read_json(request, strict=True))
+    if req.model not in (state.config.model_name, "default"):
+        raise _model_not_found(req.model)
+    if req.stream_options is not None and not req.stream:
+        raise BadRequest(
+            "stream_options is only allowed when stream is true", 400, "stream_options"
+        )
+    return state, req
 
 
 def usage(
