@@ -87,7 +87,13 @@ async def _sse(
                 event = {**event, "index": index}
             yield f"data: {json.dumps(event)}\n\n".encode()
     except (RuntimeDown, ValueError) as e:
-        err = {"message": str(e), "type": "invalid_request_error", "code": 400, "retryable": False}
+        down = isinstance(e, RuntimeDown)  # the runtime died or stops: the server's fault, a 503
+        err = {
+            "message": str(e),
+            "type": "service_unavailable" if down else "invalid_request_error",
+            "code": 503 if down else 400,
+            "retryable": down,
+        }
         yield f"data: {json.dumps({'error': err})}\n\n".encode()
     yield b"data: [DONE]\n\n"
 
@@ -204,15 +210,16 @@ async def tokenize(request: Request) -> dict[str, Any]:
     add_special = body.get("add_special_tokens", True) if isinstance(body, Mapping) else True
     if not isinstance(add_special, bool):
         raise ValueError("add_special_tokens must be a boolean")
+    run = state_of(request).manager.run_blocking
     if isinstance(prompt, str):
-        tokens = tokenizer.encode(prompt, add_special_tokens=add_special)
+        tokens = await run(tokenizer.encode, prompt, add_special_tokens=add_special)
         return {
             "tokens": tokens,
             "count": len(tokens),
             "max_model_len": state_of(request).rt.info.context_len,
         }
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        lists = [tokenizer.encode(p, add_special_tokens=add_special) for p in prompt]
+        lists = [await run(tokenizer.encode, p, add_special_tokens=add_special) for p in prompt]
         return {
             "tokens": lists,
             "count": [len(t) for t in lists],
@@ -234,7 +241,8 @@ async def detokenize(request: Request) -> dict[str, Any]:
     bad = [t for t in tokens if not 0 <= t < rt.info.vocab_size]
     if bad:
         raise ValueError(f"token id {bad[0]} is out of the vocabulary (size {rt.info.vocab_size})")
-    return {"text": tokenizer.decode(tokens, skip_special_tokens=False)}
+    text = await state.manager.run_blocking(tokenizer.decode, tokens, skip_special_tokens=False)
+    return {"text": text}
 
 
 @router.post("/apply_chat_template")
@@ -254,7 +262,9 @@ async def apply_chat_template(request: Request) -> dict[str, Any]:
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise ValueError("tools must be a list of tool definitions")
-    text = chat_text(
+    run = state.manager.run_blocking
+    text = await run(
+        chat_text,
         tokenizer,
         messages,
         chat_template=state.chat_template,
@@ -262,4 +272,5 @@ async def apply_chat_template(request: Request) -> dict[str, Any]:
         add_generation_prompt=add_gen,
         continue_final_message=cont,
     )
-    return {"text": text, "input_ids": tokenizer.encode(text, add_special_tokens=False)}
+    ids = await run(tokenizer.encode, text, add_special_tokens=False)
+    return {"text": text, "input_ids": ids}

@@ -72,7 +72,8 @@ async def chat_completions(request: Request) -> Response:
     messages = normalize_messages(req.messages)
     tool_format, markers_special = _tool_format(state)
     plan = req.tool_plan(tool_format)
-    prompt = render_chat(
+    prompt = await state.manager.run_blocking(
+        render_chat,
         rt.tokenizer,
         messages,
         state.chat_template,
