@@ -20,6 +20,8 @@ from weft.runtime.server.launch import Runtime
 from weft.runtime.server.limits import RequestLimits
 from weft.runtime.server.tokenizer_manager import RuntimeDown, TokenizerManager
 
+LARGE_BODY_BYTES = 1 << 20  # JSON bodies from this size are parsed on a thread
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -137,7 +139,9 @@ async def read_json(request: Request, strict: bool = False) -> Any:
     if not raw:
         raise ValueError("the request body is empty: send a JSON object")
     try:
-        return json.loads(raw)
+        if len(raw) < LARGE_BODY_BYTES:
+            return json.loads(raw)
+        return await asyncio.to_thread(json.loads, raw)  # not on the event loop
     except json.JSONDecodeError as e:
         raise ValueError(f"malformed JSON in the request body: {e}") from e
 
