@@ -105,7 +105,9 @@ def test_prompt_over_the_context_is_400_with_both_numbers(srv: ServerProcess) ->
         assert r.status_code == 400, (path, r.text)
         message = error_of(r)
         assert "(512 tokens)" in message and "tokens) is longer" in message, message
-    r = post(srv, "/generate", {"input_ids": long_ids[:500], "sampling_params": {"max_new_tokens": 20}})
+    r = post(
+        srv, "/generate", {"input_ids": long_ids[:500], "sampling_params": {"max_new_tokens": 20}}
+    )
     assert r.status_code == 400 and "500 tokens from the input" in error_of(r), r.text
     assert "20 tokens for the completion" in error_of(r) and "512 tokens" in error_of(r)
     state = httpx.get(srv.url + "/server_info", timeout=10).json()["internal_states"][0]

@@ -14,7 +14,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from weft.runtime.server.chat import chat_text, normalize_messages
 from weft.runtime.server.generate_input import GenerateInput
-from weft.runtime.server.http.responses import held_stream, unenforced_headers
+from weft.runtime.server.http.responses import (
+    held_stream,
+    log_stream_disconnect,
+    unenforced_headers,
+)
 from weft.runtime.server.http.state import AppState, read_json, state_of, until_done_or_disconnect
 from weft.runtime.server.tokenizer_manager import RuntimeDown
 
@@ -95,6 +99,9 @@ async def _sse(
             "retryable": down,
         }
         yield f"data: {json.dumps({'error': err})}\n\n".encode()
+    except (asyncio.CancelledError, GeneratorExit):
+        log_stream_disconnect("/generate")
+        raise
     yield b"data: [DONE]\n\n"
 
 

@@ -112,7 +112,7 @@ async def completions(request: Request) -> Response:
     if req.stream:
         results, headers = await held_stream(request, manager, states)
         chunks = _completion_chunks(state, req, results, head, echoes)
-        return openai_stream(chunks, headers)
+        return openai_stream(chunks, headers, "/v1/completions")
     outs = await collect(request, manager, states)
     choices, metas = [], {}
     for k, out in enumerate(outs):
