@@ -1,8 +1,11 @@
-"""RequestLimits: the per-request caps the front enforces before any work is queued (top logprobs, n)."""
+"""RequestLimits: the per-request caps the front enforces before any work is queued (top logprobs, n),
+and the bound on a text prompt's length that needs no tokenization."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 from weft.runtime.server.generate_input import PromptSpec
 
@@ -44,3 +47,38 @@ class RequestLimits:
         """A native request's prompt: its top_logprobs_num and sampling_params.n."""
         self.check_top_logprobs(spec.top_logprobs_num, "top_logprobs_num")
         self.check_n(spec.params.n, "sampling_params.n")
+
+
+def max_chars_per_token(tokenizer: Any) -> int | None:
+    """The most characters of text one token can stand for, where such a bound is sound: a
+    byte-level BPE tokenizer without a normalizer (every byte is in its vocabulary, so no run of
+    unknown text becomes one token, and a vocabulary string has one character per byte; added
+    tokens match their own text). None for any other tokenizer, or none at all.
+
+    A text longer than this times the context length cannot fit, whatever it tokenizes to: it is
+    refused without spending seconds of tokenizer time on it (a 10M-character prompt)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        spec = json.loads(backend.to_str())
+    except (AttributeError, TypeError, ValueError):
+        return None
+    pre = spec.get("pre_tokenizer") or {}
+    parts = [pre, *(pre.get("pretokenizers") or [])]
+    byte_level = any(isinstance(p, dict) and p.get("type") == "ByteLevel" for p in parts)
+    model = spec.get("model") or {}
+    if spec.get("normalizer") is not None or model.get("type") != "BPE" or not byte_level:
+        return None
+    return max((len(s) for s in tokenizer.get_vocab()), default=0) or None
+
+
+def check_text_fits(text: str, max_chars: int | None, context_len: int) -> None:
+    """ValueError if `text` must be longer than the context, from its length alone."""
+    if max_chars is None or len(text) <= max_chars * context_len:
+        return
+    at_least = -(-len(text) // max_chars)
+    raise ValueError(
+        f"The input (at least {at_least} tokens: {len(text)} characters, at most {max_chars} "
+        f"per token) is longer than the model's context length ({context_len} tokens)."
+    )

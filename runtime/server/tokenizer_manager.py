@@ -30,7 +30,7 @@ from weft.runtime.ipc.messages import (
 )
 from weft.runtime.loader.model_info import ModelInfo
 from weft.runtime.server.generate_input import GenerateInput, PromptSpec, no_tokenizer
-from weft.runtime.server.limits import RequestLimits
+from weft.runtime.server.limits import RequestLimits, check_text_fits, max_chars_per_token
 from weft.runtime.server.output import ReqState, build_output
 
 logger = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ class TokenizerManager:
     ) -> None:
         self.tokenizer = tokenizer
         self.limits = limits or RequestLimits()
+        self.max_token_chars = max_chars_per_token(tokenizer)
         self.info = info
         self.max_total_tokens = max_total_tokens
         self.ctx = zmq.asyncio.Context()
@@ -173,6 +174,7 @@ class TokenizerManager:
         if spec.input_ids is not None:
             return spec.input_ids
         assert spec.text is not None
+        check_text_fits(spec.text, self.max_token_chars, self.info.context_len)
         return list(self.tokenizer.encode(spec.text))
 
     def _check(self, spec: PromptSpec, prompt: list[int]) -> None:

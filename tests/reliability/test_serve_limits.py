@@ -114,9 +114,11 @@ def test_prompt_over_the_context_is_400_with_both_numbers(srv: ServerProcess) ->
     assert state["num_running"] == 0 and state["num_waiting"] == 0
 
 
-def test_health_answers_while_a_huge_prompt_is_tokenized(srv: ServerProcess) -> None:
-    text = "hello world, this is a test of tokenization. " * 300_000  # 13.5M characters
-    body = {"text": text[: MAX_BYTES - 100], "sampling_params": {"max_new_tokens": 1}}
+def test_health_answers_while_a_huge_batch_is_tokenized(srv: ServerProcess) -> None:
+    # 300 prompts of 40,000 characters: each could fit the context from its length (at most 81
+    # characters a token), so each is tokenized, for seconds in all, before the first is refused
+    text = ("hello world, this is a test of tokenization. " * 900)[:40_000]
+    body = {"text": [text] * 300, "sampling_params": {"max_new_tokens": 1}}
     result: dict[str, Any] = {}
 
     def send() -> None:
@@ -124,23 +126,40 @@ def test_health_answers_while_a_huge_prompt_is_tokenized(srv: ServerProcess) -> 
         result["resp"] = post(srv, "/generate", body)
         result["seconds"] = time.monotonic() - started
 
+    def probe() -> float:
+        t = time.monotonic()
+        assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
+        return time.monotonic() - t
+
+    idle = sorted(probe() * 1000 for _ in range(20))  # for the report: this machine's baseline
     worker = threading.Thread(target=send)
     worker.start()
     time.sleep(0.5)  # the body is in, tokenization under way
     latencies = []
     while worker.is_alive():
-        t = time.monotonic()
-        assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
-        latencies.append(time.monotonic() - t)
+        latencies.append(probe())
         time.sleep(0.05)
     worker.join()
     resp = result["resp"]
     assert resp.status_code == 400 and "longer than the model's context length" in error_of(resp)
     ms = sorted(x * 1000 for x in latencies)
+    print(f"idle /health: median {idle[10]:.0f} ms, max {idle[-1]:.0f} ms")
     print(f"tokenize+reject {result['seconds']:.2f} s; /health over {len(ms)} probes: median "
           f"{ms[len(ms) // 2]:.0f} ms, p95 {ms[int(len(ms) * 0.95)]:.0f} ms, max {ms[-1]:.0f} ms")  # fmt: skip
     assert result["seconds"] > 1.0 and len(latencies) >= 3
     assert max(latencies) < 1.0, latencies
+
+
+def test_a_prompt_too_long_by_its_length_alone_is_refused_untokenized(srv: ServerProcess) -> None:
+    text = "hello world, this is a test of tokenization. " * 220_000  # 9.9M characters
+    started = time.monotonic()
+    resp = post(srv, "/generate", {"text": text})
+    took = time.monotonic() - started
+    assert resp.status_code == 400, resp.text
+    message = error_of(resp)
+    assert "(at least 122223 tokens: 9900000 characters, at most 81 per token)" in message
+    assert "context length (512 tokens)" in message
+    assert took < 5.0  # tokenizing it takes 6-12 s here
 
 
 def test_models_retrieve_with_the_openai_client(srv: ServerProcess) -> None:
