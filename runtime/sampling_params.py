@@ -11,8 +11,11 @@ from typing import Any
 
 import regex
 
+from weft.runtime.text_checks import check_text
+
 GREEDY_TEMPERATURE = 1e-6  # a temperature in [0, GREEDY_TEMPERATURE) means greedy (argmax)
 _SEED_LIMIT = 2**64  # torch generators take uint64 seeds
+_INT_RANGE = (-(2**63), 2**64)  # what the IPC codec carries (int64 and uint64)
 
 
 @dataclass(frozen=True)
@@ -178,6 +181,8 @@ def _check_ranges(p: SamplingParams) -> None:
 def _as_int(name: str, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise ValueError(f"{name} must be an integer, got {v!r}")
+    if not _INT_RANGE[0] <= v < _INT_RANGE[1]:
+        raise ValueError(f"{name} is out of range (-2**63 to 2**64 - 1), got {v}")
     return v
 
 
@@ -199,14 +204,14 @@ def _as_bool(name: str, v: Any) -> bool:
 def _as_str(name: str, v: Any) -> str:
     if not isinstance(v, str):
         raise ValueError(f"{name} must be a string, got {v!r}")
-    return v
+    return check_text(v, name)
 
 
 def _as_strs(name: str, v: Any) -> tuple[str, ...]:
     items = (v,) if isinstance(v, str) else v
     if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
         raise ValueError(f"{name} must be a string or a list of strings, got {v!r}")
-    return tuple(items)
+    return tuple(check_text(s, name) for s in items)
 
 
 def _as_token_ids(name: str, v: Any) -> tuple[int, ...]:
@@ -220,7 +225,7 @@ def _as_json_schema(name: str, v: Any) -> str:
         return json.dumps(v)
     if not isinstance(v, str):
         raise ValueError(f"{name} must be a JSON string or an object, got {v!r}")
-    return v
+    return check_text(v, name)
 
 
 def _as_logit_bias(name: str, v: Any) -> dict[int, float] | None:

@@ -15,7 +15,12 @@ from fastapi.responses import JSONResponse
 
 from weft.runtime.server.generate_input import GenerateInput
 from weft.runtime.server.http import metrics, native, openai_api, openai_chat
-from weft.runtime.server.http.errors import BadRequest, describe_validation, error_response
+from weft.runtime.server.http.errors import (
+    BadRequest,
+    add_routing_error_handlers,
+    describe_validation,
+    error_response,
+)
 from weft.runtime.server.http.state import AppState, ServerConfig
 from weft.runtime.server.launch import start_runtime
 from weft.runtime.server.tokenizer_manager import RuntimeDown, TokenizerManager
@@ -77,6 +82,7 @@ def create_app(config: ServerConfig, start: bool = True) -> FastAPI:
     async def runtime_down(request: Request, exc: RuntimeDown) -> JSONResponse:
         return error_response(request, str(exc), 503)
 
+    add_routing_error_handlers(app)
     for routes in (native, openai_api, openai_chat, metrics):
         app.include_router(routes.router)
     return app
