@@ -26,6 +26,10 @@ def parse_json_body(raw: bytes) -> Any:
         value = json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"malformed JSON in the request body: {e}") from None
+    except ValueError as e:  # an integer of more digits than Python converts (4,300)
+        raise ValueError(
+            f"the request body holds a number too long: {str(e).split(';')[0]}"
+        ) from None
     except RecursionError:
         raise ValueError(_too_deep()) from None
     check_json_value(value)

@@ -72,7 +72,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         message = f"method {method} is not allowed on {path} (allowed: {allowed})"
     else:
         message = str(exc.detail)
-    return error_response(request, message, exc.status_code, headers=exc.headers)
+    headers = dict(exc.headers) if exc.headers else None
+    return error_response(request, message, exc.status_code, headers=headers)
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
