@@ -15,7 +15,7 @@ from weft.runtime.text_checks import check_text
 
 GREEDY_TEMPERATURE = 1e-6  # a temperature in [0, GREEDY_TEMPERATURE) means greedy (argmax)
 _SEED_LIMIT = 2**64  # torch generators take uint64 seeds
-_INT_RANGE = (-(2**63), 2**64)  # what the IPC codec carries (int64 and uint64)
+_INT_LIMIT = 2**64  # the IPC codec carries integers below this (uint64)
 
 
 @dataclass(frozen=True)
@@ -141,6 +141,10 @@ def _check_ranges(p: SamplingParams) -> None:
         raise ValueError(f"repetition_penalty must be in (0, 2], got {_fmt(p.repetition_penalty)}")
     if p.n < 1:
         raise ValueError(f"n must be at least 1, got {p.n}")
+    # NOTE: max_new_tokens is held to the context length before it is sent (check_request)
+    for name in ("min_new_tokens", "top_k", "n"):
+        if getattr(p, name) >= _INT_LIMIT:
+            raise ValueError(f"{name} is too large (at most 2**64 - 1), got {getattr(p, name)}")
     if any(s == "" for s in p.stop):
         raise ValueError("stop strings must be non-empty, got ''")
     for token_id in p.stop_token_ids:
@@ -181,8 +185,6 @@ def _check_ranges(p: SamplingParams) -> None:
 def _as_int(name: str, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise ValueError(f"{name} must be an integer, got {v!r}")
-    if not _INT_RANGE[0] <= v < _INT_RANGE[1]:
-        raise ValueError(f"{name} is out of range (-2**63 to 2**64 - 1), got {v}")
     return v
 
 

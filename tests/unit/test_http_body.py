@@ -63,18 +63,21 @@ def test_utf8_bom_and_utf16_bodies_still_parse() -> None:
 
 
 def test_integers_beyond_the_codec_are_a_value_error() -> None:
-    with pytest.raises(ValueError, match="top_k is out of range"):
+    with pytest.raises(ValueError, match="top_k is too large"):
         SamplingParams.from_dict({"top_k": 10**30})
+    with pytest.raises(ValueError, match="min_new_tokens is too large"):
+        SamplingParams.from_dict({"max_new_tokens": None, "min_new_tokens": 10**30})
+
+
+@pytest.mark.parametrize(
+    "fields", [{"top_logprobs_num": 10**30}, {"rid": "\ud800"}, {"input_ids": [-(2**70)]}]
+)
+def test_a_request_the_codec_refuses_is_a_value_error(fields: dict[str, object]) -> None:
+    """Encoded before anything is registered or sent: no rid is left held (tokenizer_manager)."""
     req = TokenizedGenerateReq(
-        rid="r", input_ids=[1], params=SamplingParams(top_k=10**30), max_new_tokens=1
+        **{"rid": "r", "input_ids": [1], "params": SamplingParams(), "max_new_tokens": 1, **fields}
     )
     with pytest.raises(ValueError, match="cannot be sent to the scheduler"):
         encode_parts([req])
-    assert (
-        len(
-            encode_parts(
-                [req.__class__(rid="s", input_ids=[1], params=SamplingParams(), max_new_tokens=1)]
-            )
-        )
-        == 1
-    )
+    ok = TokenizedGenerateReq(rid="s", input_ids=[1], params=SamplingParams(), max_new_tokens=1)
+    assert len(encode_parts([ok])) == 1
