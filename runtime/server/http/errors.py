@@ -68,7 +68,7 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     if exc.status_code == 404:
         message = f"no such route: {method} {path}"
     elif exc.status_code == 405:
-        allowed = (exc.headers or {}).get("Allow", "")
+        allowed = ", ".join(sorted((exc.headers or {}).get("Allow", "").split(", ")))
         message = f"method {method} is not allowed on {path} (allowed: {allowed})"
     else:
         message = str(exc.detail)
