@@ -11,8 +11,11 @@ from typing import Any
 
 import regex
 
+from weft.runtime.text_checks import check_text
+
 GREEDY_TEMPERATURE = 1e-6  # a temperature in [0, GREEDY_TEMPERATURE) means greedy (argmax)
 _SEED_LIMIT = 2**64  # torch generators take uint64 seeds
+_INT_LIMIT = 2**64  # the IPC codec carries integers below this (uint64)
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,10 @@ def _check_ranges(p: SamplingParams) -> None:
         raise ValueError(f"repetition_penalty must be in (0, 2], got {_fmt(p.repetition_penalty)}")
     if p.n < 1:
         raise ValueError(f"n must be at least 1, got {p.n}")
+    # NOTE: max_new_tokens is held to the context length before it is sent (check_request)
+    for name in ("min_new_tokens", "top_k", "n"):
+        if getattr(p, name) >= _INT_LIMIT:
+            raise ValueError(f"{name} is too large (at most 2**64 - 1), got {getattr(p, name)}")
     if any(s == "" for s in p.stop):
         raise ValueError("stop strings must be non-empty, got ''")
     for token_id in p.stop_token_ids:
@@ -199,14 +206,14 @@ def _as_bool(name: str, v: Any) -> bool:
 def _as_str(name: str, v: Any) -> str:
     if not isinstance(v, str):
         raise ValueError(f"{name} must be a string, got {v!r}")
-    return v
+    return check_text(v, name)
 
 
 def _as_strs(name: str, v: Any) -> tuple[str, ...]:
     items = (v,) if isinstance(v, str) else v
     if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
         raise ValueError(f"{name} must be a string or a list of strings, got {v!r}")
-    return tuple(items)
+    return tuple(check_text(s, name) for s in items)
 
 
 def _as_token_ids(name: str, v: Any) -> tuple[int, ...]:
@@ -220,7 +227,7 @@ def _as_json_schema(name: str, v: Any) -> str:
         return json.dumps(v)
     if not isinstance(v, str):
         raise ValueError(f"{name} must be a JSON string or an object, got {v!r}")
-    return v
+    return check_text(v, name)
 
 
 def _as_logit_bias(name: str, v: Any) -> dict[int, float] | None:

@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -227,10 +228,11 @@ class TokenizerManager:
                     stream=spec.stream,
                 )
             )
+        payloads = encode_parts(msgs)
         for state in states:
             self.states[state.rid] = state
-        for part in batch_parts(msgs, BATCH_PART_TOKENS):
-            self.to_scheduler.send(encode(part[0] if len(part) == 1 else BatchGenerateReq(part)))
+        for payload in payloads:
+            self.to_scheduler.send(payload)
         return states
 
     async def collect(self, states: list[ReqState]) -> list[dict[str, Any]]:
@@ -372,6 +374,21 @@ def _sample_j(spec: PromptSpec, j: int) -> PromptSpec:
     seed = spec.params.sampling_seed
     params = dataclasses.replace(spec.params, n=1, sampling_seed=None if seed is None else seed + j)
     return dataclasses.replace(spec, params=params)
+
+
+def encode_parts(msgs: list[TokenizedGenerateReq]) -> list[bytes]:
+    """The requests as messages in parts of BATCH_PART_TOKENS, all encoded before any is sent or
+    registered; ValueError when the codec refuses a value (one no check caught: a request must
+    not be left half sent, its rid held by a state no reply will ever end)."""
+    try:
+        return [
+            encode(part[0] if len(part) == 1 else BatchGenerateReq(part))
+            for part in batch_parts(msgs, BATCH_PART_TOKENS)
+        ]
+    except (OverflowError, UnicodeEncodeError, msgspec.EncodeError) as e:
+        raise ValueError(
+            f"the request has a value that cannot be sent to the scheduler: {e}"
+        ) from e
 
 
 def batch_parts(

@@ -14,7 +14,12 @@ from fastapi.responses import JSONResponse, Response
 
 from weft.runtime.server.generate_input import GenerateInput
 from weft.runtime.server.http import metrics, native, openai_api, openai_chat
-from weft.runtime.server.http.errors import BadRequest, describe_validation, error_response
+from weft.runtime.server.http.errors import (
+    BadRequest,
+    add_routing_error_handlers,
+    describe_validation,
+    error_response,
+)
 from weft.runtime.server.http.middleware import ApiKeyMiddleware, GuardMiddleware
 from weft.runtime.server.http.state import AppState, ClientGone, ServerConfig
 from weft.runtime.server.launch import start_runtime
@@ -64,6 +69,7 @@ def create_app(config: ServerConfig, start: bool = True) -> FastAPI:
         logger.info("client disconnected: %s %s (its requests aborted)", request.method, exc)
         return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
 
+    add_routing_error_handlers(app)
     for routes in (native, openai_api, openai_chat, metrics):
         app.include_router(routes.router)
     return app

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, fields
 from importlib.metadata import version
@@ -184,6 +185,8 @@ async def server_info(request: Request) -> dict[str, Any]:
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache(request: Request, timeout: float = 0.0) -> Response:
+    if not math.isfinite(timeout):
+        raise ValueError(f"timeout must be a finite number of seconds, got {timeout}")
     manager = state_of(request).manager
     deadline = asyncio.get_running_loop().time() + max(timeout, 0.0)
     while True:

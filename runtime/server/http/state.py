@@ -4,7 +4,6 @@ settings), and reading a request (its JSON body; waiting on it while the client 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +13,7 @@ from fastapi import Request
 from weft.runtime.config import EngineConfig
 from weft.runtime.server.chat import load_chat_template
 from weft.runtime.server.generate_input import no_tokenizer
+from weft.runtime.server.http.body import parse_json_body
 from weft.runtime.server.http.metrics import Metrics
 from weft.runtime.server.http.tool_parser import TOOL_CALL_PARSERS, ToolFormat
 from weft.runtime.server.launch import Runtime
@@ -138,12 +138,9 @@ async def read_json(request: Request, strict: bool = False) -> Any:
     raw = await request.body()
     if not raw:
         raise ValueError("the request body is empty: send a JSON object")
-    try:
-        if len(raw) < LARGE_BODY_BYTES:
-            return json.loads(raw)
-        return await asyncio.to_thread(json.loads, raw)  # not on the event loop
-    except json.JSONDecodeError as e:
-        raise ValueError(f"malformed JSON in the request body: {e}") from e
+    if len(raw) < LARGE_BODY_BYTES:
+        return parse_json_body(raw)
+    return await asyncio.to_thread(parse_json_body, raw)  # not on the event loop
 
 
 async def until_done_or_disconnect(request: Request, coro: Any, on_disconnect: Any) -> Any:
