@@ -74,7 +74,9 @@ class CompileHandle:
             self._elapsed = time.monotonic() - self._started
             logger.exception("the %s grammar backend failed on a %s", backend.name, self.spec.kind)
             self._future.set_exception(
-                GrammarError(f"the {backend.name} grammar backend failed ({failure_text(e)})")
+                GrammarError(
+                    f"internal error in the {backend.name} grammar backend ({failure_text(e)})"
+                )
             )
         else:
             self._elapsed = time.monotonic() - self._started
