@@ -213,3 +213,16 @@ def test_d_emits_ascii_digits_only(tiny_server: Any) -> None:
         assert resp.status_code == 200, resp.text
         text = resp.json()["text"]
         assert text and set(text) <= set("0123456789"), repr(text)
+
+
+def test_a_body_nested_too_deeply_to_read_is_a_400(tiny_server: Any) -> None:
+    schema = '{"items":' * 100_000 + "{}" + "}" * 100_000
+    body = '{"text": "Hi", "sampling_params": {"max_new_tokens": 2, "json_schema": ' + schema + "}}"
+    resp = httpx.post(
+        f"{tiny_server.url}/generate",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert resp.status_code == 400 and "nests too deeply" in resp.text, resp.text[:300]
+    check_answer_and_health(tiny_server, resp)

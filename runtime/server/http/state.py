@@ -114,6 +114,8 @@ async def read_json(request: Request, strict: bool = False) -> Any:
         return json.loads(raw)
     except json.JSONDecodeError as e:
         raise ValueError(f"malformed JSON in the request body: {e}") from e
+    except RecursionError:  # e.g. a json_schema object nested thousands of levels deep
+        raise ValueError("the request body's JSON nests too deeply to read") from None
 
 
 async def until_done_or_disconnect(request: Request, coro: Any, on_disconnect: Any) -> Any:
