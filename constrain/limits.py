@@ -65,6 +65,14 @@ class GrammarLimits:
                 f"{what} nests {depth} levels deep", self.max_json_depth, "max_json_depth"
             )
 
+    def check_json_value(self, value: Any, what: str) -> None:
+        """Nesting of a parsed JSON value (a request's object), read without recursion."""
+        depth = value_depth(value)
+        if depth > self.max_json_depth:
+            raise _refusal(
+                f"{what} nests {depth} levels deep", self.max_json_depth, "max_json_depth"
+            )
+
     def check_regex(self, pattern: str, what: str) -> None:
         self._check_chars(pattern, self.max_regex_chars, what, "max_regex_chars")
         size = regex_size(pattern)
@@ -129,6 +137,19 @@ def json_depth(text: str) -> int:
             deepest = max(deepest, depth)
         elif ch in "]}":
             depth -= 1
+    return deepest
+
+
+def value_depth(value: Any) -> int:
+    """The deepest nesting of dicts and lists in a parsed JSON value (no recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth)
+            stack.extend((sub, depth + 1) for sub in item)
     return deepest
 
 

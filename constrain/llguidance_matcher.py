@@ -47,7 +47,8 @@ class LLGuidanceMatcher(GrammarMatcher):
     def _fill(self, bitmask: torch.Tensor, row: int, bind: bool) -> None:
         self._join()  # NOTE: no job may write a row while this thread writes one
         row_ = self._row
-        if bind and self._ready and not self._filled and not self._stops and row_ is not None:
+        fresh = self._ready and not self._filled and self._failure is None
+        if bind and fresh and not self._stops and row_ is not None:
             if row_.holds(bitmask, row):  # the common case: the prefetch is already in the row
                 self._filled = self._in_place = True  # NOTE: what the full path below ends with
                 return

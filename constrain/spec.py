@@ -45,6 +45,8 @@ class GrammarSpec:
                 schema = json.loads(schema)
             except json.JSONDecodeError as e:
                 raise GrammarError(f"json_schema is not valid JSON: {e}") from None
+        else:
+            DEFAULT_LIMITS.check_json_value(schema, "json_schema")
         if schema is False:
             raise GrammarError("the json_schema false allows no value")
         if schema is True:

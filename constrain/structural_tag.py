@@ -90,6 +90,8 @@ def canonical_structural_tag(value: Any) -> str:
             value = json.loads(value)
         except json.JSONDecodeError as e:
             raise GrammarError(f"structural_tag is not valid JSON: {e}") from None
+    else:
+        DEFAULT_LIMITS.check_json_value(value, "structural_tag")  # before the checks recurse
     if isinstance(value, Mapping) and "format" in value:
         if value.get("type", "structural_tag") != "structural_tag":
             raise GrammarError(

@@ -165,3 +165,13 @@ def test_sampling_params_refuse_a_deep_schema_at_the_boundary() -> None:
         SamplingParams.from_dict({"structural_tag": "[" * 5000})
     with pytest.raises(GrammarError, match="nests 3001 levels deep"):
         GrammarSpec.json_schema(deep)
+
+
+def test_parsed_values_are_measured_without_recursion() -> None:
+    with pytest.raises(GrammarError, match="json_schema nests 301 levels deep; the limit is 128"):
+        GrammarSpec.json_schema(deep_schema(300))
+    node: dict[str, Any] = {"type": "const_string", "value": "a"}
+    for _ in range(2000):  # deeper than the structural checks could recurse
+        node = {"type": "optional", "content": node}
+    with pytest.raises(GrammarError, match="structural_tag nests 2002 levels deep"):
+        GrammarSpec.structural_tag({"format": node})
