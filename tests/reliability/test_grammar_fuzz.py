@@ -226,3 +226,20 @@ def test_a_body_nested_too_deeply_to_read_is_a_400(tiny_server: Any) -> None:
     )
     assert resp.status_code == 400 and "nests too deeply" in resp.text, resp.text[:300]
     check_answer_and_health(tiny_server, resp)
+
+
+def test_a_grammar_failing_mid_stream_ends_that_stream_with_an_error_event(
+    tiny_server: Any,
+) -> None:
+    # within the limits; the library runs out of items once the "!" is accepted, which comes
+    # after at least two sampled tokens (one per step): the first event is out by then
+    grammar = 'start: /[a-z]{1,2}/ " " /[a-z]{1,2}/ "!" ("a"~9000)~9'
+    params = {"max_new_tokens": 20, "ebnf": grammar, "temperature": 0.0}
+    body = {"text": "Hi", "stream": True, "sampling_params": params}
+    with httpx.stream("POST", f"{tiny_server.url}/generate", json=body, timeout=60) as resp:
+        assert resp.status_code == 200
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and "output_ids" in json.loads(events[0]), events
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == 400 and "grammar error" in error["message"], error
+    check_answer_and_health(tiny_server, generate(tiny_server, {"regex": "[ab]{2}"}))
