@@ -19,6 +19,8 @@ from weft.runtime.config import EngineConfig
 from weft.runtime.executor.distributed import Inbox
 from weft.runtime.ipc.messages import FinishReason, TokenizedGenerateReq
 from weft.runtime.sampling_params import SamplingParams
+from weft.runtime.scheduler.grammar import GrammarQueue
+from weft.runtime.scheduler.request import Req
 from weft.runtime.scheduler.scheduler import Scheduler
 
 
@@ -65,6 +67,30 @@ def test_an_interpreter_exit_is_not_contained() -> None:
     with pytest.raises(KeyboardInterrupt):
         compiler.submit(GrammarSpec.regex("x")).result(wait_s=5)
     compiler.close()
+
+
+class UnstartableGrammar(CompiledGrammar):
+    def matcher(self) -> GrammarMatcher:
+        raise Panic("deep_copy panicked")
+
+
+class UnstartableBackend(RaisingBackend):
+    def compile(self, spec: GrammarSpec, timeout_s: float | None = None) -> CompiledGrammar:
+        return UnstartableGrammar(spec)
+
+
+def test_a_matcher_that_cannot_start_fails_its_request_alone() -> None:
+    queue = GrammarQueue(EngineConfig(), tokenizer=None, vocab_size=4, stop_ids=frozenset({3}))
+    queue.compiler = GrammarCompiler(UnstartableBackend(), timeout_s=5)
+    req = Req(rid="a", input_ids=[1], params=SamplingParams(), max_new_tokens=2)
+    queue.submit(req, GrammarSpec.regex("x"))
+    deadline = time.monotonic() + 10
+    while not queue.scan()[0] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ready, failed = queue.take(*queue.scan())
+    assert ready == [] and queue.pending == []
+    assert failed == [(req, "Failed to start the grammar: Panic: deep_copy panicked")]
+    queue.close()
 
 
 ##### Matchers #####
