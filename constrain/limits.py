@@ -119,7 +119,7 @@ class GrammarLimits:
 
     def _check_chars(self, text: str, limit: int, what: str, name: str) -> None:
         if len(text) > limit:
-            raise _refusal(f"{what} is {len(text)} characters long", limit, name)
+            raise _refusal(f"{what} is too long ({len(text)} characters)", limit, name)
 
 
 DEFAULT_LIMITS = GrammarLimits()

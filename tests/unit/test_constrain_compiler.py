@@ -144,7 +144,7 @@ def test_llguidance_adversarial_specs_fail_fast() -> None:
     handles.append(compiler.submit(GrammarSpec.regex(r"(x+x+)+y|(a|aa)*b")))
     with pytest.raises(GrammarError, match="nests 301 levels deep; the limit is 128"):
         handles[0].result()
-    with pytest.raises(GrammarError, match="timed out|too|characters long; the limit"):
+    with pytest.raises(GrammarError, match="timed out|too"):
         handles[1].result()
     assert time.monotonic() - start < 1.5
     catastrophic = handles[2].result()  # a lazy lexer: no blow-up for backtracking regexes

@@ -81,7 +81,10 @@ def deep_schema(levels: int) -> dict[str, Any]:
             "regex has a repetition count of 1000000; the limit is 10000",
         ),
         (GrammarSpec.regex("(a{1000}){1000}"), "regex expands to 1000000 items"),
-        (GrammarSpec.regex("a" * 100_001), "regex is 100001 characters long; the limit is 100000"),
+        (
+            GrammarSpec.regex("a" * 100_001),
+            "regex is too long (100001 characters); the limit is 100000",
+        ),
         (
             GrammarSpec.ebnf('root ::= "a"{1000000}'),
             "ebnf grammar has a repetition count of 1000000",
