@@ -11,6 +11,7 @@ from typing import Any
 
 import regex
 
+from weft.constrain.limits import DEFAULT_LIMITS
 from weft.runtime.text_checks import check_text
 
 GREEDY_TEMPERATURE = 1e-6  # a temperature in [0, GREEDY_TEMPERATURE) means greedy (argmax)
@@ -158,6 +159,7 @@ def _check_ranges(p: SamplingParams) -> None:
         except regex.error as e:
             raise ValueError(f"stop_regex pattern {pattern!r} does not compile: {e}") from None
     if p.json_schema is not None:
+        DEFAULT_LIMITS.check_json_text(p.json_schema, "json_schema")  # before json.loads recurses
         try:
             json.loads(p.json_schema)
         except ValueError as e:
@@ -167,6 +169,7 @@ def _check_ranges(p: SamplingParams) -> None:
     if p.structural_tag is not None:
         if any(g is not None for g in (p.regex, p.json_schema, p.ebnf)):
             raise ValueError("structural_tag cannot be combined with regex, json_schema or ebnf")
+        DEFAULT_LIMITS.check_json_text(p.structural_tag, "structural_tag")
         try:
             json.loads(p.structural_tag)
         except ValueError as e:
@@ -224,7 +227,10 @@ def _as_token_ids(name: str, v: Any) -> tuple[int, ...]:
 
 def _as_json_schema(name: str, v: Any) -> str:
     if isinstance(v, Mapping):
-        return json.dumps(v)
+        try:
+            return json.dumps(v)
+        except RecursionError:
+            raise ValueError(f"{name} nests too deeply to read") from None
     if not isinstance(v, str):
         raise ValueError(f"{name} must be a JSON string or an object, got {v!r}")
     return check_text(v, name)
