@@ -59,6 +59,11 @@ class GrammarLimits:
     def check_json_text(self, text: str, what: str) -> None:
         """Size and nesting of JSON text, read without recursion (before json.loads reads it)."""
         self._check_chars(text, self.max_grammar_chars, what, "max_grammar_chars")
+        self.check_json_depth(text, what)
+
+    def check_json_depth(self, text: str, what: str) -> None:
+        """Nesting of JSON text, read without recursion: what must hold before json.loads reads
+        it (its size is checked with the spec, by the compiler's configured limits)."""
         depth = json_depth(text)
         if depth > self.max_json_depth:
             raise _refusal(
@@ -176,5 +181,16 @@ def _json_nodes(value: Any) -> Iterator[dict[str, Any]]:
             stack.extend(item)
 
 
+# the `weft serve` option (an EngineConfig field) that sets each limit; the depth is fixed, as the
+# request body's own (runtime/server/http/body.py)
+_OPTIONS = {
+    "max_regex_chars": "--grammar-max-regex-chars",
+    "max_grammar_chars": "--grammar-max-spec-chars",
+    "max_repeat": "--grammar-max-repeat",
+    "max_expanded": "--grammar-max-expanded",
+}
+
+
 def _refusal(why: str, limit: int, name: str) -> GrammarError:
-    return GrammarError(f"{why}; the limit is {limit} (grammar limit {name})")
+    option = f", set by {_OPTIONS[name]}" if name in _OPTIONS else ""
+    return GrammarError(f"{why}; the limit is {limit} (grammar limit {name}{option})")

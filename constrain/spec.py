@@ -40,7 +40,7 @@ class GrammarSpec:
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | bool | str, strict: bool = False) -> GrammarSpec:
         if isinstance(schema, str):
-            DEFAULT_LIMITS.check_json_text(schema, "json_schema")  # before json.loads recurses
+            DEFAULT_LIMITS.check_json_depth(schema, "json_schema")  # before json.loads recurses
             try:
                 schema = json.loads(schema)
             except json.JSONDecodeError as e:

@@ -85,7 +85,7 @@ def canonical_structural_tag(value: Any) -> str:
     """The canonical JSON of a request's structural_tag (object or JSON text), either form:
     `{"structures", "triggers"}` or `{"format"}`. A GrammarError says what is wrong."""
     if isinstance(value, str):
-        DEFAULT_LIMITS.check_json_text(value, "structural_tag")  # before json.loads recurses
+        DEFAULT_LIMITS.check_json_depth(value, "structural_tag")  # before json.loads recurses
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import torch
 
+from weft.constrain.limits import GrammarLimits
 from weft.kernels.common import FP8_KV
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -109,6 +110,12 @@ class EngineConfig:
     grammar_backend: Literal["llguidance", "outlines"] = "llguidance"
     grammar_timeout: float = 10.0  # seconds a grammar may take to compile before a 400
     strict_schemas: bool = False  # refuse JSON-schema keywords the backend cannot enforce
+    # what one grammar may ask of the backend, checked before compiling (a 400 naming the limit;
+    # constrain/limits.py GrammarLimits says why these defaults)
+    grammar_max_repeat: int = 10_000  # a counted repetition's bound ({n,m}, Lark ~ n..m)
+    grammar_max_expanded: int = 100_000  # a regex's items with counted repetitions multiplied out
+    grammar_max_regex_chars: int = 100_000  # one regex (a request's, a pattern, a tag's)
+    grammar_max_spec_chars: int = 1_000_000  # a JSON schema's, EBNF grammar's or tag's text
     # constrained decoding: sample forced tokens one by one (always so with overlap scheduling)
     disable_jump_forward: bool = False
     cache_dir: str | None = None  # converted models; default ~/.cache/weft
@@ -183,6 +190,10 @@ class EngineConfig:
             )
         if not self.grammar_timeout > 0:
             raise ValueError(f"grammar_timeout must be > 0 seconds, got {self.grammar_timeout}")
+        for name in ("repeat", "expanded", "regex_chars", "spec_chars"):
+            if getattr(self, f"grammar_max_{name}") < 1:
+                value = getattr(self, f"grammar_max_{name}")
+                raise ValueError(f"grammar_max_{name} must be >= 1, got {value}")
         if self.cuda_graph_max_bs < 1:
             raise ValueError(f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}")
         if self.overlap_schedule not in ("auto", "on", "off"):
@@ -214,6 +225,15 @@ class EngineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def grammar_limits(self) -> GrammarLimits:
+        return GrammarLimits(
+            max_regex_chars=self.grammar_max_regex_chars,
+            max_grammar_chars=self.grammar_max_spec_chars,
+            max_repeat=self.grammar_max_repeat,
+            max_expanded=self.grammar_max_expanded,
+        )
 
     @property
     def resolved_device(self) -> str:

@@ -159,7 +159,7 @@ def _check_ranges(p: SamplingParams) -> None:
         except regex.error as e:
             raise ValueError(f"stop_regex pattern {pattern!r} does not compile: {e}") from None
     if p.json_schema is not None:
-        DEFAULT_LIMITS.check_json_text(p.json_schema, "json_schema")  # before json.loads recurses
+        DEFAULT_LIMITS.check_json_depth(p.json_schema, "json_schema")  # before json.loads recurses
         try:
             json.loads(p.json_schema)
         except ValueError as e:
@@ -169,7 +169,7 @@ def _check_ranges(p: SamplingParams) -> None:
     if p.structural_tag is not None:
         if any(g is not None for g in (p.regex, p.json_schema, p.ebnf)):
             raise ValueError("structural_tag cannot be combined with regex, json_schema or ebnf")
-        DEFAULT_LIMITS.check_json_text(p.structural_tag, "structural_tag")
+        DEFAULT_LIMITS.check_json_depth(p.structural_tag, "structural_tag")
         try:
             json.loads(p.structural_tag)
         except ValueError as e:

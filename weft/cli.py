@@ -48,6 +48,11 @@ _HELP = {
     "cpu_threads": "torch threads of the scheduler on CPU; none = torch's default",
     "grammar_backend": "llguidance or outlines",
     "grammar_timeout": "seconds a grammar may compile before the request gets a 400",
+    "grammar_max_repeat": "a grammar's largest counted repetition ({n,m}); more is a 400",
+    "grammar_max_expanded": "a regex's items with counted repetitions multiplied out; more is a 400",
+    "grammar_max_regex_chars": "characters of one regex in a grammar; more is a 400",
+    "grammar_max_spec_chars": "characters of a JSON schema, EBNF grammar or structural tag; more "
+    "is a 400",
     "strict_schemas": "refuse JSON-schema keywords the grammar backend cannot enforce",
     "disable_jump_forward": "sample grammar-forced tokens one by one (so with overlap anyway)",
     "gemv": "decode graphs of 1-16 rows on weft's skinny GEMV: auto (where the step replays "

@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 def grammar_spec(params: SamplingParams) -> GrammarSpec | None:
     """The request's constraint, if any (SamplingParams already allows at most one)."""
     if params.json_schema is not None:
-        DEFAULT_LIMITS.check_json_text(params.json_schema, "json_schema")
+        DEFAULT_LIMITS.check_json_depth(params.json_schema, "json_schema")
         try:
             schema = json.loads(params.json_schema)
         except json.JSONDecodeError as e:
@@ -97,7 +97,9 @@ class GrammarQueue:
                     f"backend failed to start ({type(e).__name__}: {e})"
                 )
                 raise GrammarError(self.broken) from e
-            self.compiler = GrammarCompiler(backend, timeout_s=self.timeout_s)
+            self.compiler = GrammarCompiler(
+                backend, timeout_s=self.timeout_s, limits=self.config.grammar_limits
+            )
         return self.compiler
 
     def start_backend(self) -> None:
