@@ -44,8 +44,10 @@ class RequestLimits:
             )
 
     def check(self, spec: PromptSpec) -> None:
-        """A native request's prompt: its top_logprobs_num and sampling_params.n."""
+        """A native request's prompt: its top_logprobs_num, token_ids_logprob (the same
+        positions x k table) and sampling_params.n."""
         self.check_top_logprobs(spec.top_logprobs_num, "top_logprobs_num")
+        self.check_top_logprobs(len(spec.token_ids_logprob), "the length of token_ids_logprob")
         self.check_n(spec.params.n, "sampling_params.n")
 
 

@@ -47,6 +47,11 @@ def test_top_logprobs_capped_on_every_api(srv: ServerProcess) -> None:
     assert "top_logprobs_num is 49152" in error_of(r) and "limit of 5" in error_of(r)
     batch = {**native, "text": ["a", "b"], "top_logprobs_num": [1, 6]}
     assert post(srv, "/generate", batch).status_code == 400
+    ids = {**native, "top_logprobs_num": 0, "token_ids_logprob": list(range(6))}
+    r = post(srv, "/generate", ids)
+    assert r.status_code == 400 and "the length of token_ids_logprob is 6" in error_of(r), r.text
+    ok = post(srv, "/generate", {**ids, "token_ids_logprob": list(range(5))}).json()
+    assert all(len(row) == 5 for row in ok["meta_info"]["input_token_ids_logprobs"][1:])
     ok = post(srv, "/generate", {**native, "top_logprobs_num": 5}).json()
     assert all(len(row) == 5 for row in ok["meta_info"]["input_top_logprobs"][1:])
     r = post(srv, "/v1/completions", {"prompt": "Hi", "max_tokens": 1, "logprobs": 6})
