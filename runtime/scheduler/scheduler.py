@@ -184,9 +184,11 @@ class Scheduler:
         return bool(self.queues) or self.overlap.inflight is not None
 
     def on_idle(self) -> None:
-        """Runs once each time the scheduler becomes idle: the KV conservation check."""
+        """Runs once each time the scheduler becomes idle: the KV conservation check, and the
+        new-token ratio starts again (as SGLang's)."""
         if not self.checked_idle:
             self.cache.check_conservation()
+            self.policy.ratio.reset()
             self.checked_idle = True
 
     def apply(self, inbox: Inbox) -> None:
