@@ -10,9 +10,9 @@ import pytest
 from kv_helpers import PAGE_SIZES, make_cache, make_req
 
 from weft.runtime.executor.batch import Batch, ForwardMode
+from weft.runtime.scheduler.admission import KVForecast
 from weft.runtime.scheduler.cache_manager import KVCacheManager
 from weft.runtime.scheduler.decode import build_decode_batch, retract_for_decode
-from weft.runtime.scheduler.admission import KVForecast
 from weft.runtime.scheduler.prefill import PrefillAdder, order_waiting
 from weft.runtime.scheduler.request import Req
 

@@ -11,8 +11,8 @@ import pytest
 from kv_helpers import PAGE_SIZES, make_req, release_all, seed_tree
 from sched_helpers import (
     assert_untouched,
-    make_adder,
     ignoring_eos,
+    make_adder,
     make_cache,
     promised,
     run_and_release,
