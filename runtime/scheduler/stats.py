@@ -9,7 +9,7 @@ from collections import deque
 from weft.runtime.executor.batch import Batch, ForwardMode
 
 BUSY_PERIODS = 64  # the last busy periods kept for get_state
-KV_SAMPLES = 512  # most KV-use samples kept (thinned to every other one, at half the rate, when full)
+KV_SAMPLES = 512  # most KV-use samples kept (when full: every other one, at half the rate)
 KV_SAMPLE_S = 0.02  # the first sampling interval
 COUNTERS = (
     "retractions",
