@@ -220,10 +220,10 @@ def kv_usage(
     held = after["kv_held_step_sum"] - before["kv_held_step_sum"]
     inside = [s for s in after.get("kv_samples", []) if start <= s[0] <= end]
     out: dict[str, Any] = {"pool_tokens": total, "samples": len(inside)}
-    out["mean"] = round(held / steps / total, 4) if steps else None
+    out["mean"] = held / steps / total if steps else None
     if inside:
-        out["min"] = round(min(s[1] for s in inside) / total, 4)
-        out["max"] = round(max(s[1] for s in inside) / total, 4)
+        out["min"] = min(s[1] for s in inside) / total
+        out["max"] = max(s[1] for s in inside) / total
         picks = [inside[round(i * (len(inside) - 1) / max(points - 1, 1))] for i in range(points)]
         out["points"] = [[round(t - start, 2), round(h / total, 4), n] for t, h, n in picks]
     return out
