@@ -73,7 +73,8 @@ class KVForecast:
 
     plus page_size - 1 slots per running request for a partly filled page. `peak()` is its
     maximum; admission keeps each new prompt's slots plus the peak within the available ones.
-    With exact e_i (ignore_eos) and a peak that fits, no decode step can find the pool full."""
+    With exact e_i (ignore_eos; a token a step, so no jump-forward) and a peak that fits, no
+    decode step finds the pool full."""
 
     def __init__(self, cache: KVCacheManager, ratio: float, lag: int, running: list[Req]) -> None:
         self.cache = cache
