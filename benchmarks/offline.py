@@ -21,7 +21,9 @@ fixed with ignore_eos.
                FlashInfer (both eager), any --variant.
   all          every engine mode above, scaled to fit --budget-s (printed); one engine per
                configuration.
-Each engine mode measures the copy bandwidth (the memory ceiling) and ends with markdown tables.
+Each engine mode measures the copy bandwidth (the memory ceiling) and ends with markdown tables;
+each run reports its steps, retractions and the KV pool's use (min / mean / max, and points over
+the run). `benchmarks/offline_baseline.sh` runs a baseline commit's benchmark beside this tree's.
 """
 
 from __future__ import annotations

@@ -168,6 +168,7 @@ def timed_generate(
     result.seconds = end - start
     after = engine.get_state()
     result.extra["steps"] = step_times(before, after) | timeline(after, start, end)
+    result.extra["kv"] = kv_usage(before, after, start, end)
     assert isinstance(outs, list)
     metas = [o["meta_info"] for o in outs]
     result.num_prompts = len(outs)
@@ -205,6 +206,27 @@ def timeline(after: dict[str, Any], start: float, end: float) -> dict[str, Any]:
         "idle_between_s": round(gaps, 3),
         "busy_periods": len(periods),
     }
+
+
+def kv_usage(
+    before: dict[str, Any], after: dict[str, Any], start: float, end: float, points: int = 9
+) -> dict[str, Any]:
+    """The KV pool's use during a run, as fractions of its slots held by requests (neither free
+    nor evictable): the mean over the run's steps (exact, from the scheduler's sums), the min and
+    max of the scheduler's samples inside the run, and `points` of them evenly spread over it
+    ([seconds from the start, fraction, requests running])."""
+    total = after["max_total_tokens"]
+    steps = sum(after[f"{k}_steps"] - before[f"{k}_steps"] for k in ("extend", "decode"))
+    held = after["kv_held_step_sum"] - before["kv_held_step_sum"]
+    inside = [s for s in after.get("kv_samples", []) if start <= s[0] <= end]
+    out: dict[str, Any] = {"pool_tokens": total, "samples": len(inside)}
+    out["mean"] = held / steps / total if steps else None
+    if inside:
+        out["min"] = min(s[1] for s in inside) / total
+        out["max"] = max(s[1] for s in inside) / total
+        picks = [inside[round(i * (len(inside) - 1) / max(points - 1, 1))] for i in range(points)]
+        out["points"] = [[round(t - start, 2), round(h / total, 4), n] for t, h, n in picks]
+    return out
 
 
 def run_workload(

@@ -3,6 +3,7 @@ at construction."""
 
 from __future__ import annotations
 
+import math
 import os
 import types
 import typing
@@ -96,6 +97,16 @@ class EngineConfig:
     # waiting for the prefill step to end); the prefill budget shrinks by their number
     enable_mixed_chunk: bool = False
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"
+    # admission by predicted peak KV use (SGLang's knobs): a request with ignore_eos will use
+    # its max_new_tokens; another is expected to use `new_token_ratio` of what it has left. The
+    # ratio starts at init_new_token_ratio × schedule_conservativeness, decays to its floor
+    # (× min_new_token_ratio_factor) over new_token_ratio_decay_steps decode steps, and a
+    # retraction raises it to the running requests' decoded share + retract_decode_steps each
+    schedule_conservativeness: float = 1.0
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio_factor: float = 0.14
+    new_token_ratio_decay_steps: int = 600
+    retract_decode_steps: int = 20
     disable_radix_cache: bool = False
     attention_backend: str = "auto"
     disable_cuda_graph: bool = False  # CUDA: run decode eagerly instead of replaying graphs
@@ -184,6 +195,26 @@ class EngineConfig:
             raise ValueError(
                 f"schedule_policy must be 'fcfs' or 'lpm', got {self.schedule_policy!r}"
             )
+        if not 0 <= self.schedule_conservativeness < math.inf:
+            raise ValueError(
+                "schedule_conservativeness must be a finite number >= 0, got "
+                f"{self.schedule_conservativeness}"
+            )
+        if not 0.0 < self.init_new_token_ratio <= 1.0:
+            raise ValueError(
+                f"init_new_token_ratio must be in (0, 1], got {self.init_new_token_ratio}"
+            )
+        if not 0.0 <= self.min_new_token_ratio_factor <= 1.0:
+            raise ValueError(
+                "min_new_token_ratio_factor must be in [0, 1], got "
+                f"{self.min_new_token_ratio_factor}"
+            )
+        if self.new_token_ratio_decay_steps < 1:
+            raise ValueError(
+                f"new_token_ratio_decay_steps must be >= 1, got {self.new_token_ratio_decay_steps}"
+            )
+        if self.retract_decode_steps < 0:
+            raise ValueError(f"retract_decode_steps must be >= 0, got {self.retract_decode_steps}")
         if self.grammar_backend not in ("llguidance", "outlines"):
             raise ValueError(
                 f"grammar_backend must be 'llguidance' or 'outlines', got {self.grammar_backend!r}"

@@ -34,6 +34,15 @@ _HELP = {
     "chunked_prefill_size": "prefill long prompts in chunks of this many tokens; 0 = off",
     "enable_mixed_chunk": "prefill steps also decode one token of each running request",
     "schedule_policy": "fcfs or lpm (longest cached prefix first)",
+    "schedule_conservativeness": "scales the new-token ratio (and its floor): above 1 admits "
+    "fewer requests and retracts less, below 1 more",
+    "init_new_token_ratio": "share of its remaining max_new_tokens a running request without "
+    "ignore_eos is first expected to use, when admission predicts the KV pool's peak",
+    "min_new_token_ratio_factor": "the floor the ratio decays to, as a fraction of its start",
+    "new_token_ratio_decay_steps": "decode steps without retraction for the ratio to decay from "
+    "its start to its floor",
+    "retract_decode_steps": "on a retraction the ratio rises to the running requests' decoded "
+    "share of max_new_tokens plus this many tokens each",
     "disable_radix_cache": "turn prefix caching off",
     "attention_backend": "auto (triton on CUDA, torch on CPU), triton, flashinfer or torch",
     "disable_cuda_graph": "run decode steps eagerly on CUDA instead of replaying CUDA graphs",

@@ -53,6 +53,16 @@ class KVCacheManager:
         room = (-req.kv_len) % self.page_size
         return -(-max(n - room, 0) // self.page_size)
 
+    def releasable(self, req: Req) -> int:
+        """Slots that become obtainable (free or evictable) when `req` gives its KV up: its own,
+        and the cached prefix nodes no other request locks."""
+        n = req.kv_len - req.prefix_len
+        node = req.last_node
+        while node is not None and node.parent is not None and node.lock_ref == 1:
+            n += len(node.key)
+            node = node.parent
+        return n
+
     def alloc(self, req: Req, n: int) -> bool:
         """KV slots for positions [kv_len, kv_len + n), evicting cached prefixes if needed."""
         got = self._take_pages(self.pages_needed(req, n))

@@ -1,6 +1,7 @@
 """The batch policy: each step, a prefill of waiting requests if any can be admitted (within the
-token budget, chunking long prompts, behind a prefill in flight with overlap), else a decode of
-the running requests, retracting the newest when the KV pool runs out."""
+token budget, chunking long prompts, behind a prefill in flight with overlap, by the predicted
+peak KV use), else a decode of the running requests, retracting the newest when the KV pool runs
+out."""
 
 from __future__ import annotations
 
@@ -8,29 +9,22 @@ import logging
 
 from weft.runtime.config import EngineConfig
 from weft.runtime.executor.batch import Batch
+from weft.runtime.scheduler.admission import KVForecast, NewTokenRatio
 from weft.runtime.scheduler.cache_manager import KVCacheManager
 from weft.runtime.scheduler.decode import build_decode_batch, mix_decode, retract_for_decode
 from weft.runtime.scheduler.overlap import Overlap
-from weft.runtime.scheduler.prefill import (
-    PrefillAdder,
-    SharedPrefixGate,
-    decode_reserve,
-    order_waiting,
-)
+from weft.runtime.scheduler.prefill import PrefillAdder, SharedPrefixGate, order_waiting
 from weft.runtime.scheduler.request import Queues, Req
 
 logger = logging.getLogger(__name__)
 
-INIT_NEW_TOKEN_RATIO = 0.7
-MIN_NEW_TOKEN_RATIO = 0.1
-NEW_TOKEN_RATIO_DECAY = 0.001
-
 
 class BatchPolicy:
     """Chooses the next batch from the queues (and changes them: admitted requests leave
-    `waiting`, retracted ones go back to it). `new_token_ratio` estimates how much of their
-    max_new_tokens running requests will still use, for the room a prefill must leave them: it
-    decays while decodes fit and jumps after a retraction, as in SGLang."""
+    `waiting`, retracted ones go back to it). A prompt is admitted when its slots and the peak
+    of the KV use predicted for it and the running requests fit (`KVForecast`); `ratio` says
+    how much of their max_new_tokens requests without ignore_eos are expected to use: it
+    decays while decodes fit and rises after a retraction, as in SGLang."""
 
     def __init__(
         self,
@@ -45,7 +39,11 @@ class BatchPolicy:
         self.queues = queues
         self.overlap = overlap
         self.stats = stats
-        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.ratio = NewTokenRatio.from_config(config)
+
+    @property
+    def new_token_ratio(self) -> float:
+        return self.ratio.current
 
     def next_batch(self) -> Batch | None:
         """A prefill if any request can be admitted (mixed with the running decodes under
@@ -72,12 +70,16 @@ class BatchPolicy:
         if retracted:
             self.stats["retractions"] += len(retracted)
             queues.waiting += retracted
-            self.new_token_ratio = min(1.0, self.new_token_ratio + 0.3)
-            logger.info("KV pool full: retracted %d request(s)", len(retracted))
-        else:
-            self.new_token_ratio = max(
-                MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
+            was = self.ratio.current
+            self.ratio.raise_after_retract(going)
+            logger.info(
+                "KV pool full: retracted %d request(s); new_token_ratio %.3f -> %.3f",
+                len(retracted),
+                was,
+                self.ratio.current,
             )
+        else:
+            self.ratio.decay_step()
         return build_decode_batch(going, self.cache) if going else None
 
     def prefill(self, behind: Batch | None = None) -> Batch | None:
@@ -93,13 +95,13 @@ class BatchPolicy:
         chunked = queues.chunked
         running = queues.running + [r for r in joining if r is not chunked and not r.finished]
         mixed = len(queues.running) if config.enable_mixed_chunk else 0  # decode tokens too
+        forecast = KVForecast(self.cache, self.ratio.current, int(self.overlap.enabled), running)
         adder = PrefillAdder(
             cache=self.cache,
             token_budget=max(config.max_prefill_tokens - mixed, 1),
             chunk_size=config.chunked_prefill_size,
             max_new_reqs=config.max_running_requests - len(running),
-            reserved=decode_reserve(running, self.new_token_ratio),
-            new_token_ratio=self.new_token_ratio,
+            forecast=forecast,
             idle=not running,
         )
         gate = None if config.disable_radix_cache else SharedPrefixGate()

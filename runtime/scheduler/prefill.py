@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from weft.runtime.executor.batch import Batch, ForwardMode
+from weft.runtime.scheduler.admission import KVForecast
 from weft.runtime.scheduler.cache_manager import KVCacheManager
 from weft.runtime.scheduler.request import Req
 
-DECODE_RESERVE_CLIP = 4096  # cap on the future tokens one request is assumed to still need
 LPM_MAX_WAITING = 128  # above this many waiting requests, LPM sorting costs more than it saves
 IN_BATCH_PREFIX_TOKENS = 32  # uncached tokens two prompts must share for the later one to wait
 
@@ -19,11 +18,6 @@ def order_waiting(waiting: list[Req], policy: str, cache: KVCacheManager) -> lis
     if policy == "lpm" and len(waiting) <= LPM_MAX_WAITING:
         return sorted(waiting, key=lambda r: (-cache.match_len(r), r.arrival))
     return sorted(waiting, key=lambda r: r.arrival)
-
-
-def decode_reserve(reqs: list[Req], ratio: float) -> int:
-    """Tokens to keep free for the future decode steps of these requests."""
-    return math.ceil(sum(min(r.remaining_new_tokens, DECODE_RESERVE_CLIP) for r in reqs) * ratio)
 
 
 class SharedPrefixGate:
@@ -61,8 +55,7 @@ class PrefillAdder:
     token_budget: int  # max new tokens in this batch
     chunk_size: int  # 0: no chunking (a prompt over the budget then runs alone)
     max_new_reqs: int  # free running slots
-    reserved: int  # tokens promised to running requests' future decodes
-    new_token_ratio: float
+    forecast: KVForecast  # the running requests' future KV use (those admitted here join it)
     idle: bool  # no request is running (then the first request is admitted whatever its size)
     reqs: list[Req] = field(default_factory=list)
     extend_lens: list[int] = field(default_factory=list)
@@ -86,21 +79,20 @@ class PrefillAdder:
             take = n  # without chunking, a prompt over the budget runs alone
         else:
             return self._undo(req, fresh)
-        # admit only if the whole rest of the prompt and its decode reserve fit, even when just a
-        # first chunk runs now: a chunk that can never be followed would livelock
-        future = math.ceil(
-            min(req.remaining_new_tokens, DECODE_RESERVE_CLIP) * self.new_token_ratio
-        )
+        # admit only if the whole rest of the prompt and the predicted peak of every request's
+        # decodes fit, even when just a first chunk runs now: a chunk that can never be
+        # followed would livelock
         need = self.cache.pages_needed(req, n) * self.cache.page_size
         alone = self.idle and not self.reqs  # fits by construction (boundary checks)
-        if not alone and need + self.reserved + future > self.cache.available_tokens:
+        if not alone and not self.forecast.fits(req, need):
             return self._undo(req, fresh)
-        if not self.cache.alloc(req, take):
+        if not self.cache.alloc(req, take):  # (after `fits`, it cannot fail)
             return self._undo(req, fresh)
+        if alone:
+            self.forecast.add(req, need)
         self.reqs.append(req)
         self.extend_lens.append(take)
         self.token_budget -= take
-        self.reserved += future
         if take < n:
             self.chunked = req
         return True

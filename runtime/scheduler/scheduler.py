@@ -35,7 +35,7 @@ from weft.runtime.scheduler.overlap import Overlap
 from weft.runtime.scheduler.policy import BatchPolicy
 from weft.runtime.scheduler.request import Queues, Req
 from weft.runtime.scheduler.results import apply_results
-from weft.runtime.scheduler.stats import StepClock
+from weft.runtime.scheduler.stats import KVUsage, StepClock
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ class Scheduler:
         self.queues = Queues()
         self.clock = StepClock()
         self.stats = self.clock.counts
+        self.kv_usage = KVUsage()
         self.checked_idle = True
         scale = 1 if self.is_leader else FOLLOWER_GRAMMAR_TIMEOUT_SCALE
         self.grammars = GrammarQueue(
@@ -153,6 +154,9 @@ class Scheduler:
         self.clock.launching(batch)
         if batch is None:
             return None
+        held = self.max_total_tokens - self.cache.available_tokens
+        self.stats["kv_held_step_sum"] += held
+        self.kv_usage.record(held, len(self.queues.running))
         # the in-flight step's sampling, if deferred (a step with grammar masks), comes first
         step = self.runner.launch(batch, self.overlap.deferred())
         self.stats["overlapped_steps"] += self.overlap.inflight is not None
@@ -184,9 +188,11 @@ class Scheduler:
         return bool(self.queues) or self.overlap.inflight is not None
 
     def on_idle(self) -> None:
-        """Runs once each time the scheduler becomes idle: the KV conservation check."""
+        """Runs once each time the scheduler becomes idle: the KV conservation check, and the
+        new-token ratio starts again (as SGLang's)."""
         if not self.checked_idle:
             self.cache.check_conservation()
+            self.policy.ratio.reset()
             self.checked_idle = True
 
     def apply(self, inbox: Inbox) -> None:
@@ -257,6 +263,7 @@ class Scheduler:
             "gc_frozen": gc.get_freeze_count(),
             "gc_collections": [g["collections"] for g in gc.get_stats()],
             "busy_periods": [list(p) for p in self.clock.busy_periods],
+            "kv_samples": [list(s) for s in self.kv_usage.samples],  # [time, held, running]
             **self.stats,
         }
 

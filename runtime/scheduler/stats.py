@@ -1,5 +1,5 @@
 """The scheduler's counters and clock: steps launched per kind and their launch-to-launch time,
-and the last busy periods (first launch to idle again)."""
+the last busy periods (first launch to idle again), and the KV pool's use over time."""
 
 from __future__ import annotations
 
@@ -9,8 +9,13 @@ from collections import deque
 from weft.runtime.executor.batch import Batch, ForwardMode
 
 BUSY_PERIODS = 64  # the last busy periods kept for get_state
+KV_SAMPLES = 512  # most KV-use samples kept (when full: every other one, at half the rate)
+KV_SAMPLE_S = 0.02  # the first sampling interval
 COUNTERS = (
     "retractions",
+    # KV slots held by requests (neither free nor evictable) summed over launched steps: the
+    # difference of two get_states over that of the steps is the mean held per step
+    "kv_held_step_sum",
     "prompt_tokens",
     "cached_tokens",
     "overlapped_steps",  # launched while the step before was still in flight
@@ -55,3 +60,25 @@ class StepClock:
         if self._busy_since is not None:
             self.busy_periods.append((self._busy_since, time.perf_counter()))
             self._busy_since = None
+
+
+class KVUsage:
+    """The KV slots held by requests (neither free nor evictable) and the requests running, at a
+    step's launch, sampled at most every `interval` seconds on time.perf_counter()'s clock. When
+    KV_SAMPLES are kept, every other one goes and the interval doubles: the samples span the
+    scheduler's whole life, evenly."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, int, int]] = []  # (time, slots held, requests running)
+        self.interval = KV_SAMPLE_S
+        self._last = -float("inf")
+
+    def record(self, held: int, running: int) -> None:
+        now = time.perf_counter()
+        if now - self._last < self.interval:
+            return
+        self._last = now
+        self.samples.append((now, held, running))
+        if len(self.samples) >= KV_SAMPLES:
+            self.samples = self.samples[::2]
+            self.interval *= 2

@@ -308,6 +308,8 @@ def test_metrics(server: Any) -> None:
         "weft_num_running_reqs",
         "weft_num_waiting_reqs",
         "weft_kv_pool_usage",
+        "weft_retracted_requests_total",
+        "weft_new_token_ratio",
         "weft_prefix_cache_hit_rate",
         'weft_grammar_mask_fill_microseconds{quantile="0.99"}',
         "weft_prompt_tokens_total",

@@ -9,6 +9,8 @@ from kv_helpers import make_cache as shared_make_cache
 from kv_helpers import make_req, release_all
 
 from weft.runtime.executor.batch import Batch
+from weft.runtime.sampling_params import SamplingParams
+from weft.runtime.scheduler.admission import KVForecast
 from weft.runtime.scheduler.cache_manager import KVCacheManager
 from weft.runtime.scheduler.prefill import PrefillAdder
 from weft.runtime.scheduler.request import Req
@@ -25,13 +27,25 @@ def make_adder(
     token_budget: int = 64,
     chunk_size: int = 0,
     max_new_reqs: int = 8,
-    reserved: int = 0,
-    new_token_ratio: float = 0.0,
+    running: Sequence[Req] = (),
+    ratio: float = 0.0,
     idle: bool = True,
+    lag: int = 0,
 ) -> PrefillAdder:
-    return PrefillAdder(
-        cache, token_budget, chunk_size, max_new_reqs, reserved, new_token_ratio, idle
-    )
+    forecast = KVForecast(cache, ratio, lag, list(running))
+    return PrefillAdder(cache, token_budget, chunk_size, max_new_reqs, forecast, idle)
+
+
+def promised(tokens: int) -> Req:
+    """A running request that holds no slots and will take `tokens` more (ignore_eos)."""
+    return ignoring_eos(make_req(f"promised-{tokens}", [1]), tokens)
+
+
+def ignoring_eos(req: Req, max_new_tokens: int) -> Req:
+    """`req` with ignore_eos and this max_new_tokens: admission expects it to use them all."""
+    req.params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+    req.max_new_tokens = max_new_tokens
+    return req
 
 
 def run_extend(cache: KVCacheManager, batch: Batch, token: int = 7) -> None:

@@ -205,6 +205,7 @@ def test_every_mode_tiny_on_cpu(tiny_config: Path, tmp_path: Path, monkeypatch) 
     assert runs["offline"]["output_tokens"] == 6 * 6
     timeline = runs["offline"]["steps"]  # the scheduler's idle time is placed
     assert timeline["busy_periods"] >= 1 and timeline["before_first_step_s"] >= 0
+    assert 0 < runs["offline"]["kv"]["mean"] <= 1 and "KV held" in report["markdown"]
     assert "s before the first step" in report["markdown"]
     assert runs["hf"]["output_tokens"] == 4 * 6 and runs["hf"]["num_prompts"] == 4
     assert 24 <= runs["prefix:on"]["cached_tokens"] <= 2 * 2 * 24  # later requests of a group hit

@@ -9,13 +9,14 @@ from sched_helpers import (
     assert_untouched,
     make_adder,
     make_cache,
+    promised,
     run_extend,
     start_running,
 )
 
 from weft.runtime.executor.batch import ForwardMode
 from weft.runtime.scheduler.decode import build_decode_batch, retract_for_decode
-from weft.runtime.scheduler.prefill import PrefillAdder, decode_reserve
+from weft.runtime.scheduler.prefill import PrefillAdder
 
 ##### retract_for_decode and build_decode_batch #####
 
@@ -114,11 +115,11 @@ def test_a_request_whose_first_chunk_is_admitted_can_finish_its_prompt(
     (either the first one is refused up front, or its admission reserves the rest)."""
     p = page_size
     cache = make_cache(p, num_pages=13, tree=tree)  # 12 pages
-    # prompt 8 pages + decode reserve 4 pages (8 * 0.5) + running requests' 4 pages > 12 pages
+    # prompt 8 pages + its decodes 4 pages (8 * 0.5) beside a running request's 4 pages > 12
     req = make_req("c", [1] * (8 * p), max_new_tokens=8 * p)
 
     def adder() -> PrefillAdder:
-        return make_adder(cache, chunk_size=4 * p, reserved=4 * p, new_token_ratio=0.5)
+        return make_adder(cache, chunk_size=4 * p, running=[promised(4 * p)], ratio=0.5)
 
     first = adder()
     if not first.add(req):
@@ -135,7 +136,6 @@ def test_a_running_request_with_a_tiny_reserve_is_not_an_idle_system(page_size: 
     p = page_size
     cache = make_cache(p, num_pages=13)  # 12 pages
     running = start_running(cache, [[1] * (6 * p)])  # 6 pages held, 7 tokens still to decode
-    reserved = decode_reserve(running, 0.1)  # as the scheduler computes it
-    adder = make_adder(cache, reserved=reserved, new_token_ratio=0.1, idle=False)
-    req = make_req("new", [2] * (6 * p), max_new_tokens=20 * p)  # its reserve: 2 pages
-    assert not adder.add(req), "6 pages free: the prompt fits, with its own reserve it does not"
+    adder = make_adder(cache, running=running, ratio=0.1, idle=False)
+    req = make_req("new", [2] * (6 * p), max_new_tokens=20 * p)  # expected to grow 2 pages
+    assert not adder.add(req), "6 pages free: the prompt fits, with its own decodes it does not"

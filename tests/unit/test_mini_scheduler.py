@@ -10,9 +10,10 @@ import pytest
 from kv_helpers import PAGE_SIZES, make_cache, make_req
 
 from weft.runtime.executor.batch import Batch, ForwardMode
+from weft.runtime.scheduler.admission import KVForecast
 from weft.runtime.scheduler.cache_manager import KVCacheManager
 from weft.runtime.scheduler.decode import build_decode_batch, retract_for_decode
-from weft.runtime.scheduler.prefill import PrefillAdder, decode_reserve, order_waiting
+from weft.runtime.scheduler.prefill import PrefillAdder, order_waiting
 from weft.runtime.scheduler.request import Req
 
 ##### MiniScheduler: the scheduler's step, replayed #####
@@ -62,8 +63,7 @@ class MiniScheduler:
             token_budget=self.budget,
             chunk_size=self.chunk,
             max_new_reqs=self.max_running - len(self.running),
-            reserved=decode_reserve(self.running, self.ratio),
-            new_token_ratio=self.ratio,
+            forecast=KVForecast(self.cache, self.ratio, 0, self.running),
             idle=not self.running,
         )
         if self.chunked is not None:

@@ -1,5 +1,5 @@
-"""Scheduling policy on CPU: order_waiting, decode_reserve, PrefillAdder (retraction and decode
-batches: test_decode_batch.py).
+"""Scheduling policy on CPU: order_waiting, PrefillAdder (retraction and decode batches:
+test_decode_batch.py; the forecast of KV use and the new-token ratio: test_admission.py).
 
 No model runs: after a forward of n tokens `req.kv_len += n`, after sampling
 `req.output_ids.append(tok)`. test_mini_scheduler.py replays the whole step over a workload.
@@ -11,20 +11,17 @@ import pytest
 from kv_helpers import PAGE_SIZES, make_req, release_all, seed_tree
 from sched_helpers import (
     assert_untouched,
+    ignoring_eos,
     make_adder,
     make_cache,
+    promised,
     run_and_release,
     run_extend,
     state,
 )
 
 from weft.runtime.executor.batch import ForwardMode
-from weft.runtime.scheduler.prefill import (
-    DECODE_RESERVE_CLIP,
-    LPM_MAX_WAITING,
-    decode_reserve,
-    order_waiting,
-)
+from weft.runtime.scheduler.prefill import LPM_MAX_WAITING, PrefillAdder, order_waiting
 
 ##### order_waiting #####
 
@@ -67,27 +64,9 @@ def test_lpm_falls_back_to_fcfs_for_long_queues() -> None:
     assert order_waiting(reqs[1:], "lpm", cache)[0].rid == "hit"
 
 
-##### decode_reserve #####
-
-
-@pytest.mark.parametrize(
-    ("max_new", "outputs", "ratio", "reserve"),
-    [
-        ([], [], 1.0, 0),
-        ([10], [0], 1.0, 10),
-        ([10, 20], [0, 0], 0.5, 15),
-        ([10], [3], 1.0, 7),  # remaining, not max_new_tokens
-        ([10], [10], 1.0, 0),
-        ([10, 10], [0, 0], 0.0, 0),
-        ([DECODE_RESERVE_CLIP + 1000], [0], 1.0, DECODE_RESERVE_CLIP),
-        ([DECODE_RESERVE_CLIP + 1000, 10], [0, 0], 0.5, (DECODE_RESERVE_CLIP + 10) // 2),
-    ],
-)
-def test_decode_reserve(max_new: list[int], outputs: list[int], ratio: float, reserve: int) -> None:
-    reqs = [make_req(f"r{i}", [1], max_new_tokens=m) for i, m in enumerate(max_new)]
-    for req, k in zip(reqs, outputs, strict=True):
-        req.output_ids = [5] * k
-    assert decode_reserve(reqs, ratio) == reserve
+def steps(adder: PrefillAdder) -> list[int]:
+    """How many more tokens the adder's forecast expects of each request counted."""
+    return [e for e, _ in adder.forecast.entries()]
 
 
 ##### PrefillAdder: token budget, chunking, request slots #####
@@ -98,10 +77,10 @@ def test_adder_respects_the_token_budget(page_size: int) -> None:
     cache = make_cache(page_size)
     shared = list(range(50, 58))
     seed_tree(cache, shared)  # so the refused request locks a prefix while it is tried
-    adder = make_adder(cache, token_budget=16, new_token_ratio=0.5)
+    adder = make_adder(cache, token_budget=16, ratio=0.5)
     a, b = make_req("a", [1] * 6, max_new_tokens=4), make_req("b", [2] * 6, max_new_tokens=6)
     assert adder.add(a) and adder.add(b)
-    assert (adder.extend_lens, adder.token_budget, adder.reserved) == ([6, 6], 4, 2 + 3)
+    assert (adder.extend_lens, adder.token_budget, steps(adder)) == ([6, 6], 4, [2, 3])
     before = state(cache)
     c = make_req("c", [*shared, 3, 3, 3, 3, 3])  # 8 cached, 5 new > 4 left
     assert not adder.add(c)
@@ -135,7 +114,7 @@ def test_adder_chunks_a_long_prompt(page_size: int) -> None:
     other = make_req("o", [1, 2, 3])
     seen = []
     while req.extend_len > 0 and not req.output_ids:
-        adder = make_adder(cache, chunk_size=chunk, new_token_ratio=1.0)
+        adder = make_adder(cache, chunk_size=chunk, ratio=1.0)
         assert adder.add(req)
         seen.append(adder.extend_lens[0])
         if adder.chunked is not None:
@@ -143,7 +122,7 @@ def test_adder_chunks_a_long_prompt(page_size: int) -> None:
             assert not adder.add(other)  # a chunked request ends the batch
             assert_untouched(other)
         else:
-            assert adder.reserved == 4
+            assert steps(adder) == [4]
         batch = adder.batch()
         assert batch is not None
         run_extend(cache, batch)
@@ -206,37 +185,37 @@ def test_adder_stops_when_no_request_slot_is_free() -> None:
 
 ##### PrefillAdder: memory #####
 
-# pool: 8 pages; the request needs 3 pages; future = ceil(min(remaining, clip) * ratio);
-# a reserve > 0 means requests are running (not idle)
+# pool: 8 slots (page size 1); a running request that holds nothing will take `promised` more
+# slots (None: nothing runs); the new one's prompt takes 3 now, then it grows by `max_new`
+# (ignore_eos), or by ceil(max_new * ratio) without; each gives its slots back when it ends, so
+# the peak is the larger of "both growing until the first ends" and "the later one alone"
 MEMORY_CASES = [
-    # (reserved in pages (+ extra tokens), max_new_tokens in pages (+ extra), ratio, admitted)
-    ((5, 0), (1, 0), 0.0, True),  # 3 + 5 == 8
-    ((5, 1), (1, 0), 0.0, False),  # one token over
-    ((4, 0), (2, 0), 0.5, True),  # 3 + 4 + 1 == 8
-    ((4, 0), (2, 2), 0.5, False),  # future 1 page + 1 token: over
-    ((0, 1), (1, 0), 0.0, True),  # running requests: checked, fits
-    ((0, 1), (100, 0), 1.0, False),  # running requests: the future reservation counts
-    ((0, 0), (100, 0), 1.0, True),  # alone in an idle system: admitted
-    ((9, 0), (1, 0), 0.0, False),
+    # (promised, max_new, ratio (None: ignore_eos), admitted)
+    (5, 1, None, True),  # 3 + max(2 * 1, 5 - 3) == 5
+    (5, 5, None, False),  # both grow 5: 3 + 10
+    (2, 5, None, True),  # 3 + max(2 * 2, 5) == 8: the new one alone, once the other ended
+    (2, 6, None, False),  # 3 + 6 == 9
+    (5, 10, 0.5, False),  # expected to grow 5: as (5, 5)
+    (5, 10, 0.1, True),  # expected to grow 1: as (5, 1)
+    (8, 1, None, True),  # the new one ends first and gives its 4 back: 3 + max(2, 8 - 3) == 8
+    (9, 1, None, False),  # ... and the running one still outgrows the pool: 3 + 9 - 3 > 8
+    (None, 100, None, True),  # alone in an idle system: admitted
+    (0, 100, None, False),  # something runs: its future counts
 ]
 
 
-@pytest.mark.parametrize("page_size", PAGE_SIZES)
-@pytest.mark.parametrize(("reserved", "max_new", "ratio", "admitted"), MEMORY_CASES)
+@pytest.mark.parametrize(("promise", "max_new", "ratio", "admitted"), MEMORY_CASES)
 def test_adder_memory_check(
-    page_size: int,
-    reserved: tuple[int, int],
-    max_new: tuple[int, int],
-    ratio: float,
-    admitted: bool,
+    promise: int | None, max_new: int, ratio: float | None, admitted: bool
 ) -> None:
-    p = page_size
-    cache = make_cache(p, num_pages=9)
-    held = reserved[0] * p + reserved[1]
+    cache = make_cache(1, num_pages=9)
+    running = [] if promise is None else [promised(promise)]
     adder = make_adder(
-        cache, token_budget=1000, reserved=held, new_token_ratio=ratio, idle=held == 0
+        cache, token_budget=1000, running=running, ratio=ratio or 0.0, idle=promise is None
     )
-    req = make_req("r", [1] * (3 * p), max_new_tokens=max_new[0] * p + max_new[1])
+    req = make_req("r", [1] * 3, max_new_tokens=max_new)
+    if ratio is None:
+        req = ignoring_eos(req, max_new)
     before = state(cache)
     assert adder.add(req) is admitted
     if not admitted:
@@ -246,15 +225,28 @@ def test_adder_memory_check(
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_adder_memory_check_counts_a_partial_page_per_request(page_size: int) -> None:
+    """Each growing request may need a page it fills only partly: page_size - 1 slots more."""
+    p = page_size
+    cache = make_cache(p, num_pages=9)  # 8 pages
+    most = 5 * p // 2 - (p - 1)  # both grow together: 3p + 2 * (most + p - 1) <= 8p
+    for promise, admitted in ((most, True), (most + 1, False)):
+        adder = make_adder(cache, running=[promised(promise)], idle=False)
+        req = ignoring_eos(make_req("r", [1] * (3 * p)), promise)
+        assert adder.add(req) is admitted, promise
+        run_and_release(cache, adder)
+
+
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
 def test_adder_counts_evictable_as_available(page_size: int) -> None:
     p = page_size
     cache = make_cache(p, num_pages=9)
     seed_tree(cache, [5] * (6 * p))  # 6 pages evictable, 2 free
-    adder = make_adder(cache, reserved=2 * p)
-    req = make_req("r", [1] * (4 * p), max_new_tokens=1)
-    assert adder.add(req)  # 4 + 2 reserved <= 2 free + 6 evictable: evicts inside alloc
+    adder = make_adder(cache, running=[promised(2 * p)], idle=False)
+    req = ignoring_eos(make_req("r", [1] * (4 * p)), 1)
+    assert adder.add(req)  # 4 + 2 (both grow a token) <= 2 free + 6 evictable: evicts in alloc
     assert cache.tree.evictable_size() <= 4 * p
-    assert not adder.add(make_req("s", [2] * (3 * p)))  # 3 + 2 > what is left
+    assert not adder.add(ignoring_eos(make_req("s", [2] * (3 * p)), 1))  # 3 + 3 > 4 left
     run_and_release(cache, adder)
 
 
@@ -263,8 +255,8 @@ def test_adder_refusal_unlocks_the_matched_prefix(page_size: int) -> None:
     p = page_size
     cache = make_cache(p, num_pages=9)
     seed_tree(cache, [5] * (4 * p))
-    adder = make_adder(cache, reserved=6 * p, idle=False)
-    req = make_req("r", [5] * (4 * p) + [1] * (3 * p))
+    adder = make_adder(cache, running=[promised(6 * p)], idle=False)
+    req = ignoring_eos(make_req("r", [5] * (4 * p) + [1] * (3 * p)), 8)
     before = state(cache)
     assert not adder.add(req)
     assert_untouched(req)

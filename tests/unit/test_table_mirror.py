@@ -25,7 +25,12 @@ class MirroredPool(ReqToTokenPool):
 
 
 def run(
-    model: Path, mirrored: bool, monkeypatch: pytest.MonkeyPatch, new: int, **config: Any
+    model: Path,
+    mirrored: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    new: int,
+    ignore_eos: bool = True,
+    **config: Any,
 ) -> tuple[dict[str, list[int]], int]:
     with monkeypatch.context() as m:
         if mirrored:
@@ -39,7 +44,7 @@ def run(
     for i in range(14):
         head = shared[: 8 + 3 * i] if i % 3 else [500 + i, 7, 9]
         ids = head + [(37 * i + j) % 2000 + 50 for j in range(3 + i % 5)]
-        params = SamplingParams(temperature=0, ignore_eos=True, max_new_tokens=new + i % 6)
+        params = SamplingParams(temperature=0, ignore_eos=ignore_eos, max_new_tokens=new + i % 6)
         sched.add_request(TokenizedGenerateReq(f"r{i}", ids, params, params.max_new_tokens or 0))
     while sched.has_work():
         batch = sched.schedule()
@@ -57,7 +62,8 @@ def run(
         {},
         {"page_size": 4},
         {"page_size": 4, "chunked_prefill_size": 8, "max_prefill_tokens": 16},
-        {"max_total_tokens": 200, "new": 40},  # decodes outgrow the pool: retraction
+        # admission expects no decodes (ratio 0, no ignore_eos): they outgrow the pool: retraction
+        {"max_total_tokens": 200, "new": 40, "ignore_eos": False, "schedule_conservativeness": 0.0},
     ],
     ids=["plain", "pages", "chunked", "retraction"],
 )

@@ -1,6 +1,6 @@
 """GET /metrics (Prometheus): request counts by finish reason, latency histograms, token counters,
-and the scheduler's load, KV pool use, prefix-cache hit rate and grammar mask-fill time read at
-scrape time."""
+and the scheduler's load, KV pool use, retractions, new-token ratio, prefix-cache hit rate and
+grammar mask-fill time read at scrape time."""
 
 from __future__ import annotations
 
@@ -74,6 +74,19 @@ class Metrics:
         self.kv_used_by_requests = Gauge(
             "weft_kv_pool_protected_tokens", "KV slots locked by running requests", registry=r
         )
+        self.retractions = Counter(
+            "weft_retracted_requests",
+            "Requests retracted (their KV given up, to be prefilled again) when the KV pool ran "
+            "out during decoding",
+            registry=r,
+        )
+        self._retractions_seen = 0
+        self.new_token_ratio = Gauge(
+            "weft_new_token_ratio",
+            "Share of its remaining max_new_tokens a request without ignore_eos is expected to "
+            "use, in admission's forecast of the KV pool",
+            registry=r,
+        )
         self.hit_rate = Gauge(
             "weft_prefix_cache_hit_rate", "Cached prompt tokens / prompt tokens so far", registry=r
         )
@@ -116,6 +129,10 @@ class Metrics:
         total = max(int(sched["max_total_tokens"]), 1)
         self.kv_usage.set((total - int(sched["free_tokens"])) / total)
         self.kv_used_by_requests.set(sched["protected_tokens"])
+        retractions = int(sched["retractions"])  # the scheduler's count since it started
+        self.retractions.inc(max(retractions - self._retractions_seen, 0))
+        self._retractions_seen = max(retractions, self._retractions_seen)
+        self.new_token_ratio.set(float(sched["new_token_ratio"]))
         prompt = int(sched.get("prompt_tokens", 0))
         self.hit_rate.set(int(sched.get("cached_tokens", 0)) / prompt if prompt else 0.0)
         fills = sched.get("mask_fill", {})
