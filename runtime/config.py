@@ -217,6 +217,9 @@ class EngineConfig:
         if self.quantization == "gguf" and not gguf_file and self.load_format != "dummy":
             raise ValueError(f"quantization='gguf' keeps a GGUF file's blocks: model= must be a "
                              f".gguf file, got {self.model!r}")  # fmt: skip
+        if self.resolved_quantization == "gguf" and self.tp_size > 1:
+            raise ValueError("a GGUF model kept quantized runs on one rank (tp_size=1); pass "
+                             "dequantize=True for tensor parallelism")  # fmt: skip
         if self.quantization == "fp8" and self.model is not None and gguf_file:
             if not self.dequantize and self.load_format != "dummy":
                 raise ValueError("quantization='fp8' of a .gguf model needs dequantize=True "
