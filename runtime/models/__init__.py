@@ -110,7 +110,10 @@ def _tie(head: ParallelLMHead, embed: VocabParallelEmbedding) -> None:
     if embed.quant is None:
         head.weight = embed.weight
         return
+    if "weight" in head._parameters:
+        del head.weight  # the meta matrix LlamaForCausalLM tied before the embedding got blocks
     head.quant = embed.quant
+    setattr(head, "weight_shape", getattr(embed, "weight_shape"))  # noqa: B009, B010
     for name, param in list(embed.named_parameters(recurse=False)):
         if hasattr(head, name):
             delattr(head, name)
