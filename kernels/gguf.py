@@ -1,5 +1,6 @@
 """GGUF quant blocks in torch: the block layouts, a vectorized dequantizer per type (CPU and GPU,
-bit-exact with gguf-py's numpy), random valid blocks, and the torch matmul / row lookup."""
+bit-exact with gguf-py's numpy; no host-to-device copies, so they run inside CUDA graphs),
+random valid blocks, and the torch matmul / row lookup."""
 
 from __future__ import annotations
 
@@ -86,14 +87,16 @@ def embedding(ids: torch.Tensor, blocks: torch.Tensor, ggml_id: int, k: int,
 
 def random_blocks(ggml_id: int, rows: int, k: int, generator: torch.Generator | None = None,
                   device: torch.device | str = "cpu", scale: float = 0.02) -> torch.Tensor:  # fmt: skip
-    """Random valid blocks [rows, row_bytes] of W [rows, k]: random quants and sub-scales, the
-    float16 scales (d, dmin, m) finite, with weights of magnitude about `scale`."""
+    """Random valid blocks [rows, row_bytes] of W [rows, k] on `device` (the generator's):
+    random quants and sub-scales, the float16 scales (d, dmin, m) finite, with weights of
+    magnitude about `scale`."""
     t = block_type(ggml_id)
     nb = rows * (k // t.block)
-    raw = torch.randint(0, 256, (nb, t.nbytes), generator=generator, dtype=torch.uint8)
+    raw = torch.randint(0, 256, (nb, t.nbytes), generator=generator, dtype=torch.uint8,
+                        device=device)  # fmt: skip
 
     def f16(lo: float, hi: float) -> torch.Tensor:  # [nb, 2] bytes of float16 in [lo, hi)
-        v = torch.rand(nb, 1, generator=generator) * (hi - lo) + lo
+        v = torch.rand(nb, 1, generator=generator, device=device) * (hi - lo) + lo
         return v.to(torch.float16).view(torch.uint8)
 
     unit = {"Q4_0": 8, "Q4_1": 15, "Q5_0": 16, "Q5_1": 31, "Q8_0": 127}.get(t.name)
@@ -107,7 +110,7 @@ def random_blocks(ggml_id: int, rows: int, k: int, generator: torch.Generator | 
         raw[:, 2:4] = f16(0.0, scale / 63)
     else:  # Q6_K: int8 scales at 192..207, d last
         raw[:, 208:210] = f16(0.5 * scale / 32 / 64, 1.5 * scale / 32 / 64)
-    return raw.reshape(rows, t.row_bytes(k)).to(device)
+    return raw.reshape(rows, t.row_bytes(k))
 
 
 ##### Dequantizers: [nb, nbytes] uint8 -> [nb, block] float32 #####
@@ -162,11 +165,8 @@ def _scale_min_k4(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _k4_quants(qs: torch.Tensor) -> torch.Tensor:
     """[nb, 128] bytes -> [nb, 8, 32]: per 32 bytes, the low nibbles then the high ones."""
-    q = (
-        qs.reshape(-1, 4, 1, 32)
-        >> torch.tensor([0, 4], dtype=torch.uint8, device=qs.device)[:, None]
-    )
-    return (q & 0x0F).reshape(-1, 8, 32)
+    q = qs.reshape(-1, 4, 32)
+    return torch.stack((q & 0x0F, q >> 4), dim=2).reshape(-1, 8, 32)
 
 
 def _q4_k(b: torch.Tensor) -> torch.Tensor:
@@ -188,13 +188,10 @@ def _q5_k(b: torch.Tensor) -> torch.Tensor:
 
 def _q6_k(b: torch.Tensor) -> torch.Tensor:
     nb = b.shape[0]
-    dev = b.device
-    ql = b[:, 0:128].reshape(nb, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8,
-                                                          device=dev)[:, None]  # fmt: skip
-    ql = (ql & 0x0F).reshape(nb, 8, 32)
-    qh = b[:, 128:192].reshape(nb, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8,
-                                                            device=dev)[:, None]  # fmt: skip
-    qh = (qh & 0x03).reshape(nb, 8, 32)
+    ql = b[:, 0:128].reshape(nb, 2, 64)
+    ql = torch.stack((ql & 0x0F, ql >> 4), dim=2).reshape(nb, 8, 32)
+    qh = b[:, 128:192].reshape(nb, 2, 32)
+    qh = torch.stack([(qh >> s) & 0x03 for s in (0, 2, 4, 6)], dim=2).reshape(nb, 8, 32)
     q = (ql | (qh << 4)).to(torch.int8) - 32
     scales = b[:, 192:208].contiguous().view(torch.int8).float()
     d = (_f16(b, 208) * scales)[:, :, None]  # [nb, 16, 1]

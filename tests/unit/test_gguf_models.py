@@ -183,3 +183,25 @@ def test_greedy_tokens_equal_the_dequantize_at_load_path(path: Path | None,
     converted = _greedy(model, weft_cache, dequantize=path is not None)
     assert kept == converted
     assert all(len(ids) == 8 for ids in kept)
+
+
+def test_step_benchmark_runs_the_kept_quantized_variant(tmp_path: Path) -> None:
+    """benchmarks/step.py decode with a `quantization=gguf` variant (the GPU command of the
+    issue's GGUF row), as a CPU smoke run: it reports the weights' memory beside the dense run."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_utils
+    import step
+
+    bench_utils.write_config(tmp_path, hidden_size=256, intermediate_size=512, head_dim=64,
+                             num_attention_heads=4, num_key_value_heads=2, vocab_size=512)  # fmt: skip
+    out = tmp_path / "step.json"
+    argv = ["decode", "--config", str(tmp_path), "--backends", "torch", "--batches", "1", "2",
+            "--context", "16", "--reps", "1", "--variant", "dense:",
+            "--variant", "gguf:quantization=gguf", "--output-file", str(out)]  # fmt: skip
+    assert step.main(argv) == 0
+    rows = {(r["backend"], r["batch"]): r for r in json.loads(out.read_text())["rows"]}
+    dense, kept = rows[("torch dense", 1)]["weights_MiB"], rows[("torch gguf", 1)]["weights_MiB"]
+    assert 0.05 < kept / dense < 0.2  # float32 on CPU: 4.5-6.6 bits against 32
