@@ -8,6 +8,7 @@ the same run (or its peer: FlashInfer, cuBLAS, torch).
     python benchmarks/kernel.py extend [--launches | --work]
     python benchmarks/kernel.py gemv [--rows 1 8 16] [--shapes qkv down] [--layers-only]
     python benchmarks/kernel.py blas [--tokens 1 8 64 512]
+    python benchmarks/kernel.py gguf [--types Q4_K Q6_K] [--rows 1 32] [--sweep]  # GGUF blocks
     python benchmarks/kernel.py elementwise              # norms, SiLU, rotary, KV store, bitmask, argmax
     python benchmarks/kernel.py allreduce [--world 2]    # NCCL vs one-shot, several GPUs
 
@@ -82,6 +83,10 @@ def run(args: argparse.Namespace, ceiling: float) -> None:
             if not args.shapes or name in args.shapes:
                 kg.bench_shape(name, n, k, silu, args.rows, args.layers, kg.LAUNCHES, ceiling,
                                args.reps)  # fmt: skip
+    elif what == "gguf":
+        from kernel_gemm import bench_gguf
+
+        bench_gguf(ceiling, args.types, args.rows, args.layers, args.reps, args.sweep)
     elif what == "blas":
         from kernel_gemm import bench_blas
 
@@ -130,6 +135,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     gemv.add_argument(
         "--shapes", nargs="+", choices=["qkv", "o_proj", "gate_up", "down", "lm_head"]
     )
+    gg = add("gguf", "GGUF blocks' dequantizing matmul vs copy and cuBLAS bf16, in graphs")
+    gg.add_argument("--types", nargs="+", default=["Q4_K", "Q6_K"],
+                    choices=["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])  # fmt: skip
+    gg.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 32, 64])
+    gg.add_argument("--layers", type=int, default=12, help="distinct weights per graph")
+    gg.add_argument("--reps", type=int, default=20)
+    gg.add_argument("--sweep", action="store_true", help="every launch of GGUF_LAUNCHES")
     blas = add("blas", "cuBLAS vs cuBLASLt per projection and token count")
     blas.add_argument("--tokens", type=int, nargs="+",
                       default=[1, 8, 32, 64, 128, 256, 512, 1024, 4096, 8192])  # fmt: skip

@@ -198,3 +198,64 @@ def bench_blas(ceiling: float, batches: list[int]) -> None:
             print(f"  {name:<8} M={m:<5} " + " | ".join(cells))
         del ws
         torch.cuda.empty_cache()
+
+
+##### `kernel.py gguf`: the dequantizing matmul of GGUF blocks (kernels/gguf_gemv.py) #####
+
+# (name, out features, in features): Qwen2.5-Coder-1.5B's projections (its Q4_K_M file: Q4_K,
+# with Q6_K for v, half the down projections and the lm_head)
+GGUF_SHAPES = (
+    ("q", 1536, 1536), ("o_proj", 1536, 1536), ("gate_up", 17920, 1536), ("down", 1536, 8960),
+    ("lm_head", 151936, 1536),
+)  # fmt: skip
+GGUF_LAUNCHES = [(bn, 0, w, lb) for bn in (16, 32, 64) for w in (2, 4, 8) for lb in (4,)]
+
+
+def bench_gguf(ceiling: float, types: list[str], rows_list: list[int], layers: int, reps: int,
+               sweep: bool) -> None:  # fmt: skip
+    """Per type, shape and row count: the default launch (or with `sweep` every GGUF_LAUNCHES
+    one) in a CUDA graph over `layers` distinct block matrices, against the copy ceiling over the
+    blocks' bytes and against cuBLAS on the same weight in bf16 (4x the bytes); the output is
+    checked against the torch dequantizer's weight first."""
+    from weft.kernels import gguf as kgguf
+    from weft.kernels.gguf_gemv import MAX_ROWS, GGUFLaunch, matmul
+
+    ids = {t.name: t.ggml_id for t in kgguf.TYPES.values()}
+    for tname in types:
+        ggml_id = ids[tname]
+        for name, n, k in GGUF_SHAPES:
+            t = kgguf.block_type(ggml_id)
+            nbytes = n * t.row_bytes(k)
+            count = max(2, min(layers, (2 << 30) // (n * k * 2)))
+            gen = torch.Generator(device=DEV).manual_seed(0)
+            blocks = [kgguf.random_blocks(ggml_id, n, k, gen, DEV) for _ in range(count)]
+            dense = kgguf.dequantize(blocks[0], ggml_id, k).to(torch.bfloat16)
+            copy_us = nbytes / ceiling / 1e3
+            print(f"\n{tname} {name} [{n} x {k}]: {nbytes / 2**20:.1f} MiB of blocks, copy "
+                  f"speed {copy_us:.1f} us (bf16: {2 * copy_us * n * k / nbytes:.1f} us)")  # fmt: skip
+            for rows in [r for r in rows_list if r <= MAX_ROWS]:
+                x = torch.randn(rows, k, dtype=torch.bfloat16, device=DEV)
+                want = x.float() @ dense.float().T
+                bf16 = [dense] + [torch.empty_like(dense) for _ in range(count - 1)]
+                cublas = graph_us(partial(_linear, x), bf16, reps)
+                line = f"  rows {rows}: cuBLAS bf16 {cublas:7.1f} us"
+                launches = [GGUFLaunch(*c) for c in GGUF_LAUNCHES] if sweep else [GGUFLaunch()]
+                timed = []
+                for launch in launches:
+                    got = matmul(x, blocks[0], ggml_id, launch=launch).float()
+                    err = ((got - want).norm() / want.norm()).item()
+                    assert err < 1e-2, f"{tname} {name} rows {rows} {launch}: error {err:.3g}"
+
+                    def run(b: torch.Tensor, x: torch.Tensor = x, launch: GGUFLaunch = launch,
+                            ggml_id: int = ggml_id) -> torch.Tensor:  # fmt: skip
+                        return matmul(x, b, ggml_id, launch=launch)
+
+                    timed.append((graph_us(run, blocks, reps), launch))
+                timed.sort(key=lambda p: p[0])
+                us, best = timed[0]
+                print(f"{line} | gguf {us:7.1f} us {copy_us / us:5.0%} of copy, "
+                      f"{cublas / us:4.2f}x cuBLAS bf16  ({best})")  # fmt: skip
+                for us, launch in timed[1:] if sweep else []:
+                    print(f"      {us:7.1f} us {copy_us / us:5.0%}  {launch}")
+            del blocks, dense
+            torch.cuda.empty_cache()

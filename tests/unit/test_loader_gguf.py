@@ -206,7 +206,7 @@ def test_write_safetensors_shards(tmp_path, monkeypatch):
 
 
 def fake_writer(calls: list[str], barrier: threading.Barrier | None = None, fail: bool = False):
-    def write(header, sha256, folder):
+    def write(header, sha256, folder, weights=True):
         calls.append(threading.current_thread().name)
         (folder / "config.json").write_text("{}")
         if barrier is not None:
@@ -279,3 +279,53 @@ def test_abandoned_staging_removed(tmp_path, monkeypatch):
     assert convert_gguf(path, cache).name == name
     left = sorted(p.name for p in cache.iterdir())
     assert left == sorted([name, f".{name}.lock", running.name, elsewhere.name])
+
+
+def test_a_config_only_folder_for_kept_blocks(tmp_path, monkeypatch):
+    """weights=False (a model keeping the GGUF blocks): a folder of its own, no safetensors;
+    a complete folder of the same file serves it too."""
+    calls: list[str] = []
+    seen: list[bool] = []
+    writer = fake_writer(calls)
+
+    def write(header, sha256, folder, weights=True):
+        seen.append(weights)
+        writer(header, sha256, folder)
+
+    monkeypatch.setattr(gguf_convert, "_write_folder", write)
+    path = write_gguf(tmp_path / "m.gguf", "llama", {"output_norm.weight": rand(4)}, 1, 1)
+    meta = convert_gguf(path, tmp_path / "cache", weights=False)
+    assert meta.name.endswith("-meta") and seen == [False]
+    full = convert_gguf(path, tmp_path / "cache")
+    assert full != meta and seen == [False, True]
+    assert convert_gguf(path, tmp_path / "cache", weights=False) == meta  # itself first
+
+
+def test_kept_blocks_read_as_the_converter_writes(tmp_path):
+    """iterate_gguf (a model keeping the blocks): llama's q/k rows unpermuted by gathering rows
+    of blocks, the same weights as the fp32 conversion's, F32 tensors read as they are."""
+    from weft.kernels.gguf import dequantize
+    from weft.runtime.loader.gguf_tensors import iterate_gguf
+
+    heads, kv = 4, 2
+    tensors = {
+        "blk.0.attn_q.weight@q8": llama_cpp_permute(rand(64, 64), heads),
+        "blk.0.attn_k.weight@q8": llama_cpp_permute(rand(32, 64, seed=1), kv),
+        "blk.0.ffn_up.weight@q8": rand(96, 64),
+        "output_norm.weight": rand(64),
+    }
+    path = write_gguf(tmp_path / "m.gguf", "llama", tensors, heads, kv)
+    converted = dict(iter_hf_tensors(read_gguf_header(path)))
+    kept = dict(iterate_gguf(path))
+    assert kept.keys() == converted.keys()
+    for name, lazy in kept.items():
+        want = torch.from_numpy(converted[name])
+        if lazy.quantized:
+            rows = lazy.read_blocks(0, 8, 16)  # a slice of rows, in HF order
+            got = dequantize(rows, lazy.ggml_id, 64)
+            assert torch.equal(got, want[8:24]), name
+            cols = lazy.read_blocks(1, 32, 32)  # whole blocks of the rows' second half
+            assert torch.equal(dequantize(cols, lazy.ggml_id, 32), want[:, 32:]), name
+            with pytest.raises(ValueError, match="do not fall on its 32-weight blocks"):
+                lazy.read_blocks(1, 16, 32)
+        assert torch.equal(lazy.read(-1, 0, 0), want), name
