@@ -76,6 +76,13 @@ class EngineConfig:
     # no tokenizer anywhere (SGLang's): requests give input_ids, results carry output_ids, no text
     skip_tokenizer_init: bool = False
     load_format: Literal["auto", "dummy"] = "auto"
+    # quantized weights: gguf keeps a GGUF file's Q4_0..Q8_0 / K-quant blocks as they are in
+    # device memory (implied by a .gguf model unless dequantize; with load_format='dummy', random
+    # blocks in llama.cpp's Q4_K_M layout); fp8: W8A8 (an FP8 checkpoint, or quantized at load)
+    quantization: Literal["gguf", "fp8"] | None = None
+    # a .gguf model converted to full precision at load (the HF folder of fp32 safetensors)
+    # instead of kept quantized
+    dequantize: bool = False
     dtype: DType = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     # the KV pool's element type: auto = the model dtype; fp8_e4m3 halves the pool's bytes (twice
     # the tokens in the same memory, half the bytes read per decode step) at fp8 precision
@@ -122,6 +129,7 @@ class EngineConfig:
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.load_format == "dummy" and self.model is None:
             raise ValueError("load_format='dummy' needs model= a folder with a config.json")
+        self._check_quantization()
         if self.skip_tokenizer_init and self.tokenizer is not None:
             raise ValueError("skip_tokenizer_init loads no tokenizer: do not pass tokenizer= too")
         if self.dtype not in ("auto", *_DTYPES):
@@ -194,6 +202,26 @@ class EngineConfig:
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ValueError(f"log_level must be debug/info/warning/error, got {self.log_level!r}")
 
+    def _check_quantization(self) -> None:
+        if self.quantization not in (None, "gguf", "fp8"):
+            raise ValueError(
+                f"quantization must be 'gguf', 'fp8' or None, got {self.quantization!r}"
+            )
+        gguf_file = self.model is None or self.model.lower().endswith(".gguf")
+        if self.dequantize and not gguf_file:
+            raise ValueError(f"dequantize converts a .gguf model to full precision; model="
+                             f"{self.model!r} is not a .gguf file")  # fmt: skip
+        if self.dequantize and self.quantization == "gguf":
+            raise ValueError("quantization='gguf' keeps the GGUF blocks and dequantize converts "
+                             "them to full precision: pass one of the two")  # fmt: skip
+        if self.quantization == "gguf" and not gguf_file and self.load_format != "dummy":
+            raise ValueError(f"quantization='gguf' keeps a GGUF file's blocks: model= must be a "
+                             f".gguf file, got {self.model!r}")  # fmt: skip
+        if self.quantization == "fp8" and self.model is not None and gguf_file:
+            if not self.dequantize and self.load_format != "dummy":
+                raise ValueError("quantization='fp8' of a .gguf model needs dequantize=True "
+                                 "(the blocks converted to full precision, then to fp8)")  # fmt: skip
+
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
         """Build from keyword arguments, naming any unknown one; paths may be os.PathLike, and
@@ -214,6 +242,16 @@ class EngineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def resolved_quantization(self) -> Literal["gguf", "fp8"] | None:
+        """quantization, or 'gguf' for a .gguf model path without dequantize (the packaged
+        default model, model=None, is converted to full precision unless quantization='gguf')."""
+        if self.quantization is not None:
+            return self.quantization
+        if self.model is not None and self.model.lower().endswith(".gguf"):
+            return None if self.dequantize or self.load_format == "dummy" else "gguf"
+        return None
 
     @property
     def resolved_device(self) -> str:

@@ -20,6 +20,10 @@ _HELP = {
     "skip_tokenizer_init": "load no tokenizer: requests send input_ids and get output_ids, no text "
     "(stop strings, grammars and chat are refused)",
     "load_format": "auto (read weights) or dummy (random weights of the config's shape)",
+    "quantization": "gguf: a GGUF file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks stay "
+    "quantized in memory (implied by a .gguf --model; with --load-format dummy, random blocks in "
+    "llama.cpp's Q4_K_M layout); fp8: FP8 W8A8 weights (an FP8 checkpoint, or quantized at load)",
+    "dequantize": "convert a .gguf model to full precision at load instead of keeping its blocks",
     "dtype": "auto = float32 on CPU, bfloat16 on CUDA",
     "device": "auto, cpu or cuda",
     "seed": "seed of dummy weights and unseeded sampling",
@@ -59,6 +63,9 @@ _HELP = {
 }
 
 
+_CHOICES = {"quantization": ("gguf", "fp8")}  # shown as {gguf,fp8} in --help
+
+
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:
     """One --flag per EngineConfig and TuningConfig field, with its default shown."""
     _add_fields(parser.add_argument_group("engine options"), EngineConfig)
@@ -80,7 +87,8 @@ def _add_fields(group: argparse._ArgumentGroup, cls: type) -> None:
             group.add_argument(flag, action="store_true", help=text)
         else:
             kind = _cli_type(hints[f.name])
-            group.add_argument(flag, type=kind, default=default, help=text)
+            group.add_argument(flag, type=kind, default=default, help=text,
+                               choices=_CHOICES.get(f.name))  # fmt: skip
 
 
 def _cli_type(hint: Any) -> type:

@@ -30,10 +30,11 @@ CANDIDATES = (
 
 
 def by_shape(model: nn.Module) -> dict[Shape, list[Projection]]:
-    """The model's Projections grouped by (out, in, gated), in module order."""
+    """The model's full-precision Projections grouped by (out, in, gated), in module order (a
+    quantized one runs its own method's kernels: runtime/models/quant/)."""
     groups: dict[Shape, list[Projection]] = {}
     for m in model.modules():
-        if isinstance(m, Projection):
+        if isinstance(m, Projection) and m.quant is None:
             groups.setdefault(m.shape, []).append(m)
     return groups
 
@@ -157,10 +158,11 @@ def choose_blas(sizes: Sequence[int], time_ms: Callable[[str, int], float]) -> d
 def projection_timer(
     model: nn.Module, max_batch: int, reps: int = 3
 ) -> Callable[[str, int], float]:
-    """time_ms(library, batch <= max_batch) for the model's projection GEMMs (every nn.Linear,
-    in module order, on its own weights, so no layer's weights stay in the L2 for the next):
-    the median of `reps` passes over all of them, after one warm-up pass."""
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    """time_ms(library, batch <= max_batch) for the model's projection GEMMs (every full-precision
+    nn.Linear, in module order, on its own weights, so no layer's weights stay in the L2 for the
+    next): the median of `reps` passes over all of them, after one warm-up pass."""
+    linears = [m for m in model.modules()
+               if isinstance(m, nn.Linear) and getattr(m, "quant", None) is None]  # fmt: skip
     inputs: dict[int, torch.Tensor] = {}  # per input width: max_batch random rows
 
     def time_ms(library: str, batch: int) -> float:

@@ -24,6 +24,7 @@ from weft.runtime.executor.transfer import to_device
 from weft.runtime.loader import iterate_weight_slices
 from weft.runtime.models import build_model, init_dummy_weights
 from weft.runtime.models.llama import LlamaDecoderLayer, head_dim_of, sliding_window_of
+from weft.runtime.models.quant import QuantContext, make_quant_config
 
 if TYPE_CHECKING:
     from weft.runtime.scheduler.request import Req
@@ -56,9 +57,13 @@ class ModelRunner:
         t0 = time.perf_counter()
         torch.manual_seed(config.seed)
         model_tp = tp.model_info if tp is not None else None
-        self.model = build_model(hf_config, context_len, self.device, self.dtype, model_tp)
-        if config.load_format == "dummy":
-            init_dummy_weights(self.model, config.seed)
+        dummy = config.load_format == "dummy"
+        quant = make_quant_config(
+            config.resolved_quantization, QuantContext(hf_config, model_path, self.dtype, dummy)
+        )
+        self.model = build_model(hf_config, context_len, self.device, self.dtype, model_tp, quant)
+        if dummy:
+            init_dummy_weights(self.model, config.seed, quant=quant)
         else:  # each rank reads only its slices
             self.model.load_weights(iterate_weight_slices(model_path, device=self.device))
         logger.info("model loaded in %.1f s", time.perf_counter() - t0)

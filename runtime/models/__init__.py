@@ -6,9 +6,10 @@ from typing import Any
 
 import torch
 
-from weft.runtime.models.layers import RotaryEmbedding
+from weft.runtime.models.layers import Projection, RotaryEmbedding
 from weft.runtime.models.llama import LlamaForCausalLM
-from weft.runtime.models.parallel import TPInfo, check_tp
+from weft.runtime.models.parallel import ParallelLMHead, TPInfo, VocabParallelEmbedding, check_tp
+from weft.runtime.models.quant import QuantConfig, QuantEmbeddingMethod, attach
 from weft.runtime.models.weights import dummy_weights
 
 # architecture name in config.json -> (model class, model_type values it covers)
@@ -42,9 +43,11 @@ def build_model(
     device: torch.device,
     dtype: torch.dtype,
     tp: TPInfo | None = None,
+    quant: QuantConfig | None = None,
 ) -> LlamaForCausalLM:
     """Create the model (this rank's shard of it) with uninitialised weights directly on `device`
-    in `dtype`."""
+    in `dtype`; with `quant`, the layers it names hold their method's storage instead (made on
+    `meta` first like everything else, so no full-precision copy of them ever exists)."""
     cls = model_class(config)
     tp = tp or TPInfo()
     check_tp(config, tp.size)
@@ -53,11 +56,13 @@ def build_model(
     try:
         with torch.device("meta"):
             model = cls(config, max_positions, tp)
+            if quant is not None:
+                _attach_quant(model, quant)
     finally:
         torch.set_default_dtype(old)
     model = model.to_empty(device=device)
     if model.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
+        _tie(model.lm_head, model.embed_tokens)
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.build(device)
@@ -65,13 +70,51 @@ def build_model(
 
 
 @torch.no_grad()
-def init_dummy_weights(model: LlamaForCausalLM, seed: int, std: float = 0.02) -> None:
-    """Random weights of the right shapes (benchmarks without real checkpoints): N(0, std), norms 1.
+def init_dummy_weights(
+    model: LlamaForCausalLM, seed: int, std: float = 0.02, quant: QuantConfig | None = None
+) -> None:
+    """Random weights of the right shapes (benchmarks without real checkpoints): N(0, std), norms 1
+    (or where `quant` has a format of its own, its random tensors: QuantConfig.dummy_weight).
 
     Generated per checkpoint tensor and then sharded, so tp_size never changes the weights."""
-    param = next(model.parameters())
+    ref = model.norm.weight  # the model's device and dtype (a quantized layer's storage is not)
     shapes = model.checkpoint_shapes()
-    model.load_weights(dummy_weights(shapes, seed, param.device, param.dtype, std))
+    model.load_weights(dummy_weights(shapes, seed, ref.device, ref.dtype, std, quant))
+
+
+def _attach_quant(model: LlamaForCausalLM, quant: QuantConfig) -> None:
+    """Give each layer `quant` names its method (the model still on meta)."""
+    for prefix, module in model.named_modules():
+        if isinstance(module, Projection):
+            method = quant.method(prefix, module)
+            if method is not None:
+                attach(module, method, module.out_features, module.in_features)
+        elif isinstance(module, (VocabParallelEmbedding, ParallelLMHead)):
+            if isinstance(module, ParallelLMHead) and model.tie_word_embeddings:
+                continue  # shares the embedding's (_tie)
+            method = quant.method(prefix, module)
+            if method is not None:
+                if isinstance(module, VocabParallelEmbedding) and not isinstance(
+                    method, QuantEmbeddingMethod
+                ):
+                    raise ValueError(f"{quant.name}: {type(method).__name__} cannot serve the "
+                                     "vocab embedding (it has no embed)")  # fmt: skip
+                rows, dim = module.weight.shape
+                attach(module, method, rows, dim)
+    if model.tie_word_embeddings:  # drop the lm_head's meta weight: only the storage is shared
+        _tie(model.lm_head, model.embed_tokens)
+
+
+def _tie(head: ParallelLMHead, embed: VocabParallelEmbedding) -> None:
+    """The lm_head reads the embedding's matrix: its weight, or its quantized storage."""
+    if embed.quant is None:
+        head.weight = embed.weight
+        return
+    head.quant = embed.quant
+    for name, param in list(embed.named_parameters(recurse=False)):
+        if hasattr(head, name):
+            delattr(head, name)
+        head.register_parameter(name, param)
 
 
 __all__ = [

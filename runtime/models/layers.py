@@ -16,6 +16,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from weft.kernels.skinny import GemvLaunch
+    from weft.runtime.models.quant.base import QuantMethod
 
 
 Shape = tuple[int, int, bool]  # a projection's (out features, in features, gated)
@@ -33,7 +34,9 @@ class GemvPlan:
 
 class Projection(nn.Linear):
     """nn.Linear that runs weft's skinny GEMV where a GemvPlan names its shape. `gated`: the
-    model calls it through forward_gated (a gated MLP's down projection)."""
+    model calls it through forward_gated (a gated MLP's down projection). A quantized one
+    carries a QuantMethod (`quant`, attached at build: runtime/models/quant/) that holds its
+    weight and runs it; GemvPlans never name it."""
 
     def __init__(
         self, in_features: int, out_features: int, bias: bool = False, gated: bool = False
@@ -41,15 +44,23 @@ class Projection(nn.Linear):
         super().__init__(in_features, out_features, bias=bias)
         self.gated = gated
         self.pdl = False  # the GEMV launches as a programmatic dependent (use_kernels)
+        self.quant: QuantMethod | None = None
 
     @property
     def shape(self) -> Shape:
         return (self.out_features, self.in_features, self.gated)
 
+    @property
+    def prefetch_tensor(self) -> torch.Tensor:
+        """The weight's bytes a kernel before this one may pull into the L2."""
+        return self.weight if self.quant is None else self.quant.main_tensor(self)
+
     def use_kernels(self, pdl: bool) -> None:
         self.pdl = pdl
 
     def forward(self, x: torch.Tensor, gemv: GemvPlan | None = None) -> torch.Tensor:
+        if self.quant is not None:
+            return self.quant.apply(self, x, self.bias)
         launch = gemv.launches.get(self.shape) if gemv is not None else None
         if launch is not None:
             from weft.kernels.skinny import gemv as skinny_gemv

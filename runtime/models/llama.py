@@ -25,6 +25,7 @@ from weft.runtime.models.parallel import (
     even_split,
     head_shard,
 )
+from weft.runtime.models.quant.base import quantized_layers, weight_shape
 from weft.runtime.models.weights import Placement, Weight, checkpoint_names, load_weights
 
 
@@ -73,7 +74,7 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary.stores_kv and attn.rotates(batch):  # the decode kernel rotates, stores
             out = attn.forward_rotating(q, k, v, self.layer, batch, self.scale,
-                                        self.rotary.cos_sin, prefetch=self.o_proj.weight)  # fmt: skip
+                                        self.rotary.cos_sin, prefetch=self.o_proj.prefetch_tensor)  # fmt: skip
         else:  # the rotary kernel stores k and v into the pool too where the backend lets it
             target = attn.kv_store_target(self.layer, batch) if self.rotary.stores_kv else None
             q, k = self.rotary(batch.positions, q, k, (v, *target) if target else None)
@@ -184,16 +185,16 @@ class LlamaForCausalLM(nn.Module):
         """Copy this rank's slice of each HF-named tensor in, fusing q/k/v and gate/up; every
         parameter must be set. Lazy tensors are read slice by slice."""
         if self.vocab_padded:
-            with torch.no_grad():  # rows past the vocabulary stay zero
-                self.embed_tokens.weight.zero_()
-                self.lm_head.weight.zero_()
+            with torch.no_grad():  # rows past the vocabulary stay zero (quantized: zero blocks)
+                for param in (*self.embed_tokens.parameters(), *self.lm_head.parameters()):
+                    param.zero_()
         load_weights(self, weights, self._placement, self._expected_keys())
 
     @property
     def vocab_padded(self) -> bool:
         return self.embed_tokens.count < self.embed_tokens.per_rank
 
-    def _placement(self, name: str, shard: str, param: torch.Tensor) -> Placement:
+    def _placement(self, name: str, shard: str, shape: tuple[int, ...]) -> Placement:
         layer = self.layers[0]
         assert isinstance(layer, LlamaDecoderLayer)
         attn, mlp, d = layer.self_attn, layer.mlp, layer.self_attn.head_dim
@@ -219,11 +220,21 @@ class LlamaForCausalLM(nn.Module):
         if name in ("embed_tokens.weight", "lm_head.weight"):
             emb = self.embed_tokens
             return Placement((self.vocab_size, hidden), 0, emb.start, emb.count)
-        return Placement(tuple(param.shape))
+        return Placement(shape)
 
     def _expected_keys(self) -> list[str]:
+        quant = {prefix: method for prefix, _, method in quantized_layers(self)}
         keys: list[str] = []
+        for prefix, method in quant.items():
+            if prefix == "lm_head" and self.tie_word_embeddings:
+                continue
+            shards = [s for _, s in checkpoint_names(f"{prefix}.weight")]
+            for suffix in method.checkpoint_suffixes():
+                keys += [f"{prefix}.{suffix}:{s}" for s in shards]
         for name, _ in self.named_parameters():
+            prefix, _, leaf = name.rpartition(".")
+            if prefix in quant and leaf != "bias":
+                continue  # the method's storage: its checkpoint tensors are listed above
             if name.endswith("qkv_proj.weight") or name.endswith("qkv_proj.bias"):
                 keys += [f"{name}:{s}" for s in ("q", "k", "v")]
             elif name.endswith("gate_up_proj.weight"):
@@ -234,13 +245,18 @@ class LlamaForCausalLM(nn.Module):
 
     def checkpoint_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """The HF-named tensors (full, unsharded shapes) a checkpoint of this model holds."""
+        quant = {prefix: layer for prefix, layer, _ in quantized_layers(self)}
+        named = [(n, tuple(p.shape)) for n, p in self.named_parameters()
+                 if n.rpartition(".")[0] not in quant or n.endswith(".bias")]  # fmt: skip
+        for prefix, layer in quant.items():  # a quantized layer's weight, as a checkpoint has it
+            named.append((f"{prefix}.weight", weight_shape(layer)))
         out: list[tuple[str, tuple[int, ...]]] = []
-        for name, param in self.named_parameters():
+        for name, shape in named:
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue
             hf = name if name.startswith("lm_head") else f"model.{name}"
             for part, shard in checkpoint_names(hf):
-                out.append((part, self._placement(name, shard, param).full_shape))
+                out.append((part, self._placement(name, shard, shape).full_shape))
         return out
 
 

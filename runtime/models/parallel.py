@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from weft.runtime.models.quant.base import QuantEmbeddingMethod
 
 
 @dataclass(frozen=True)
@@ -97,23 +100,34 @@ class _VocabShard(nn.Module):
         super().__init__()
         self.tp = tp
         self.vocab_size = vocab_size
+        self.dim = dim
         self.per_rank = -(-vocab_size // tp.size)
         self.start = tp.rank * self.per_rank
         self.count = max(0, min(self.per_rank, vocab_size - self.start))  # real rows held
         self.weight = nn.Parameter(torch.empty(self.per_rank, dim))
+        self.quant: QuantEmbeddingMethod | None = None  # quantized rows (runtime/models/quant/)
 
 
 class VocabParallelEmbedding(_VocabShard):
     """The embedding split by vocab rows; each rank looks up its rows, the sum is all-reduced."""
 
+    def __init__(self, vocab_size: int, dim: int, tp: TPInfo) -> None:
+        super().__init__(vocab_size, dim, tp)
+        self.dtype = torch.get_default_dtype()  # the model's (a quantized lookup's output)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.embedding(ids, self.weight)
+            return self._lookup(ids)
         local = ids - self.start
         inside = (local >= 0) & (local < self.count)
-        out = F.embedding(local.clamp(0, self.per_rank - 1), self.weight)
+        out = self._lookup(local.clamp(0, self.per_rank - 1))
         out = out * inside.unsqueeze(-1).to(out.dtype)
         return self.tp.all_reduce(out)
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None:
+            return self.quant.embed(self, ids, self.dtype)
+        return F.embedding(ids, self.weight)
 
 
 class ParallelLMHead(_VocabShard):
@@ -124,5 +138,8 @@ class ParallelLMHead(_VocabShard):
         # NOTE: not float32 here: the sampler's fast path takes the argmax of the raw logits, and
         # its other paths copy them to float32 anyway (H200, batch 512 x 128k vocab: the
         # conversion alone took 187 us of a 29 ms decode step)
-        local = F.linear(hidden, self.weight)
+        if self.quant is not None:
+            local = self.quant.apply(self, hidden, None)
+        else:
+            local = F.linear(hidden, self.weight)
         return self.tp.all_gather_last(local)[:, : self.vocab_size]

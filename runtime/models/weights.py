@@ -78,12 +78,15 @@ def _read(src: Weight, place: Placement) -> torch.Tensor:
 def load_weights(
     model: nn.Module,
     weights: Iterable[tuple[str, Weight]],
-    place: Callable[[str, str, torch.Tensor], Placement],
+    place: Callable[[str, str, tuple[int, ...]], Placement],
     expected: list[str],
 ) -> None:
     """Copy each HF-named tensor's slice for this rank into its parameter; every expected
-    `name:shard` key must be set. `place(name, shard, param)` gives the Placement."""
+    `name:shard` key must be set. `place(name, shard, shape)` gives the Placement (`shape`: the
+    parameter's). Tensors of a quantized layer (`<layer>.<suffix>`) go to its QuantMethod, with
+    the Placement of the layer's weight; each method's `finish` runs at the end."""
     params = dict(model.named_parameters())
+    quant = _quantized(model)
     tied = bool(getattr(model, "tie_word_embeddings", False))
     loaded: set[str] = set()
     for hf_name, src in weights:
@@ -93,15 +96,24 @@ def load_weights(
         name, shard = target
         if name == "lm_head.weight" and tied:
             continue  # some tied checkpoints store the shared matrix twice
+        prefix, _, suffix = name.rpartition(".")
+        if prefix in quant and suffix != "bias":
+            layer, method = quant[prefix]
+            if suffix not in (*method.checkpoint_suffixes(), *method.optional_suffixes()):
+                raise ValueError(f"checkpoint tensor {hf_name!r} has no place in this model "
+                                 f"({type(method).__name__} takes {prefix}."
+                                 f"{'|'.join(method.checkpoint_suffixes())})")  # fmt: skip
+            p = place(f"{prefix}.weight", shard, tuple(getattr(layer, "weight_shape")))  # noqa: B009
+            if suffix == "weight":
+                _check_shape(hf_name, src, p)
+            method.load(layer, suffix, shard, src, p)
+            loaded.add(f"{name}:{shard}")
+            continue
         if name not in params:
             raise ValueError(f"checkpoint tensor {hf_name!r} has no place in this model")
         param = params[name]
-        p = place(name, shard, param)
-        if tuple(src.shape) != p.full_shape:
-            raise ValueError(
-                f"checkpoint tensor {hf_name!r} has shape {tuple(src.shape)}, "
-                f"expected {p.full_shape}"
-            )
+        p = place(name, shard, tuple(param.shape))
+        _check_shape(hf_name, src, p)
         data = _read(src, p)
         with torch.no_grad():
             dst = param.narrow(0, p.dst_start, data.shape[0])
@@ -115,6 +127,47 @@ def load_weights(
     missing = [n for n in expected if n not in loaded]
     if missing:
         raise ValueError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:3]}")
+    for layer, method in quant.values():
+        method.finish(layer)
+
+
+class _Sink(Protocol):
+    """What loading needs of a quantized layer's QuantMethod (runtime/models/quant/base.py)."""
+
+    def checkpoint_suffixes(self) -> tuple[str, ...]: ...
+
+    def optional_suffixes(self) -> tuple[str, ...]: ...
+
+    def load(
+        self, layer: nn.Module, suffix: str, shard: str, src: Weight, place: Placement
+    ) -> None: ...
+
+    def finish(self, layer: nn.Module) -> None: ...
+
+
+def _quantized(model: nn.Module) -> dict[str, tuple[nn.Module, _Sink]]:
+    """prefix -> (layer, its method) for the layers carrying a QuantMethod (`quant`)."""
+    out: dict[str, tuple[nn.Module, _Sink]] = {}
+    for prefix, module in model.named_modules():
+        method = getattr(module, "quant", None)
+        if method is not None:
+            out[prefix] = (module, method)
+    return out
+
+
+def _check_shape(hf_name: str, src: Weight, p: Placement) -> None:
+    if tuple(src.shape) != p.full_shape:
+        raise ValueError(
+            f"checkpoint tensor {hf_name!r} has shape {tuple(src.shape)}, expected {p.full_shape}"
+        )
+
+
+class DummySource(Protocol):
+    """A QuantConfig's random tensors in its own format (runtime/models/quant/base.py)."""
+
+    def dummy_weight(
+        self, name: str, shape: tuple[int, ...], seed: int, device: torch.device
+    ) -> Weight | None: ...
 
 
 def dummy_weights(
@@ -123,11 +176,16 @@ def dummy_weights(
     device: torch.device,
     dtype: torch.dtype,
     std: float = 0.02,
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """A random checkpoint: N(0, std) matrices, unit norms, zero biases. Each tensor depends only
-    on (seed, name), so every tensor-parallel layout of the same model gets the same weights."""
+    quant: DummySource | None = None,
+) -> Iterator[tuple[str, Weight]]:
+    """A random checkpoint: N(0, std) matrices, unit norms, zero biases, or the tensors `quant`
+    draws in its own format (QuantConfig.dummy_weight). Each tensor depends only on (seed, name),
+    so every tensor-parallel layout of the same model gets the same weights."""
     for name, shape in shapes:
-        if name.endswith("norm.weight") or "layernorm" in name:
+        special = quant.dummy_weight(name, shape, seed, device) if quant is not None else None
+        if special is not None:
+            yield name, special
+        elif name.endswith("norm.weight") or "layernorm" in name:
             yield name, torch.ones(shape, dtype=dtype, device=device)
         elif name.endswith(".bias"):
             yield name, torch.zeros(shape, dtype=dtype, device=device)
