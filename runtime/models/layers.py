@@ -76,6 +76,8 @@ class Projection(nn.Linear):
     ) -> torch.Tensor:
         """self(act(gate_up)) for act = SiLU-and-mul; where the GEMV runs, the activation is
         computed inside it (as silu_and_mul's kernel rounds it), saving its launch."""
+        if self.quant is not None:
+            return self.quant.apply(self, act(gate_up), self.bias)
         launch = gemv.launches.get(self.shape) if gemv is not None else None
         if launch is not None:
             from weft.kernels.skinny import gemv as skinny_gemv

@@ -16,7 +16,7 @@ from weft.cli import main
 from weft.runtime.config import EngineConfig
 from weft.runtime.executor.graph_tuning import by_shape
 from weft.runtime.models import build_model, init_dummy_weights
-from weft.runtime.models.layers import Projection
+from weft.runtime.models.layers import Projection, silu_and_mul
 from weft.runtime.models.quant import QuantConfig, QuantMethod, quantized_layers, storage_parameter
 from weft.runtime.models.quant.base import weight_shape
 from weft.runtime.models.weights import Placement, Weight, map_name
@@ -133,6 +133,10 @@ def test_checkpoint_tensors_route_to_the_method_per_shard() -> None:
         width = weight_shape(layer)[1]
         xi = torch.randn(3, width) if width != 32 else x
         torch.testing.assert_close(layer(xi), ref_layer(xi), msg=name)
+        if layer.gated:  # the down projection, as the MLP calls it
+            gate_up = torch.randn(3, 2 * width)
+            torch.testing.assert_close(layer.forward_gated(gate_up, silu_and_mul),
+                                       ref_layer.forward_gated(gate_up, silu_and_mul))  # fmt: skip
 
 
 def test_missing_and_unknown_quantized_tensors_are_named() -> None:
