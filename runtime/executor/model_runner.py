@@ -22,6 +22,7 @@ from weft.runtime.executor.shared_prefix import PlanCache
 from weft.runtime.executor.step import LaunchedStep, ReqStepResult, input_logprob_rows, samples
 from weft.runtime.executor.transfer import to_device
 from weft.runtime.loader import iterate_weight_slices
+from weft.runtime.loader.fp8_checkpoint import refuse_quantized_checkpoint
 from weft.runtime.models import build_model, init_dummy_weights
 from weft.runtime.models.llama import LlamaDecoderLayer, head_dim_of, sliding_window_of
 from weft.runtime.models.quant import QuantContext, make_quant_config
@@ -58,6 +59,8 @@ class ModelRunner:
         torch.manual_seed(config.seed)
         model_tp = tp.model_info if tp is not None else None
         dummy = config.load_format == "dummy"
+        if not dummy and config.resolved_quantization is None:
+            refuse_quantized_checkpoint(hf_config)
         quant = make_quant_config(
             config.resolved_quantization, QuantContext(hf_config, model_path, self.dtype, dummy)
         )
