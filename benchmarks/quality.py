@@ -132,7 +132,8 @@ class Runner:
         ext = [e - s for s, e in zip(starts, ends, strict=True)]
         ids = torch.tensor([t for s, b in zip(seqs, starts, strict=True) for t in s[b:]])
         pos = torch.cat([torch.arange(s, e) for s, e in zip(starts, ends, strict=True)])
-        loc = torch.cat([self.table.table[r, s:e] for r, (s, e) in enumerate(zip(starts, ends))])
+        spans = enumerate(zip(starts, ends, strict=True))
+        loc = torch.cat([self.table.table[r, s:e] for r, (s, e) in spans])
         fb = ForwardBatch(
             mode=ForwardMode.DECODE if max(ext) == 1 else ForwardMode.EXTEND,
             input_ids=ids, positions=pos, out_cache_loc=loc,
