@@ -3,6 +3,7 @@ measured in the same run, from one script on the lent GPU.
 
     python benchmarks/headline.py --parts copy,decode,offline --out "$OUT"   # ~7-8 min (call 1)
     python benchmarks/headline.py --parts prefix,constrained --out "$OUT"    # ~7-8 min (call 2)
+    python benchmarks/headline.py --parts copy,fp8_decode,fp8_offline --out "$OUT"  # FP8 (call 3)
     python benchmarks/headline.py --merge a/headline.json b/headline.json --out benchmarks
 
 Each part runs another entry point as a subprocess (the command the table names), under its own
@@ -15,6 +16,9 @@ time limit and within --budget-s in all, and prints its output as it goes:
   prefix       offline.py prefix: 64 groups x 16 requests sharing a 2048-token prefix + a
                128-token question, 256 out, fp8 KV, 1024 running; radix cache on / off
   constrained  offline.py constrained: 32 JSON-schema requests against the same unconstrained
+  fp8_decode   step.py decode: the decode part's steps with bf16 weights + KV and with FP8 W8A8
+               weights (quantized on the GPU at load) + fp8 KV, each against its own roofline
+  fp8_offline  offline.py offline: the offline part with FP8 W8A8 weights (its KV is fp8 already)
 The workloads are those of the published figures. Writes DIR/headline.json (every part's result
 and the rows), DIR/headline.md (the rows BENCHMARKS.md takes) and DIR/headline.png (with
 matplotlib); each part's log and JSON under DIR/parts/. --merge combines the results of several
@@ -106,6 +110,44 @@ def parts(flashinfer: bool) -> dict[str, Part]:
             True,
         ),  # fmt: skip
         "constrained": Part("constrained", ("offline.py", "constrained", "--no-hf"), 150, True),
+        # FP8 W8A8 weights + fp8 KV beside bf16 weights + bf16 KV, each beside its roofline
+        "fp8_decode": Part(
+            "fp8_decode",
+            (
+                "step.py",
+                "decode",
+                "--batches",
+                "1",
+                "64",
+                "--context",
+                "2048",
+                "--reps",
+                "20",
+                "--backends",
+                "triton+graph",
+                "--variant",
+                "bf16:",
+                "--variant",
+                "fp8:quantization=fp8,kv_cache_dtype=fp8_e4m3",
+            ),
+            300,
+        ),  # fmt: skip
+        "fp8_offline": Part(
+            "fp8_offline",
+            (
+                "offline.py",
+                "offline",
+                "--num-prompts",
+                "1000",
+                "--no-hf",
+                *FP8,
+                "--engine-arg",
+                "quantization=fp8",
+                *(a.format(n=512) for a in running),
+            ),
+            330,
+            True,
+        ),  # fmt: skip
     }
 
 

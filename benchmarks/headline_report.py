@@ -117,7 +117,7 @@ def _constrained(part: str, result: dict[str, Any]) -> list[Row]:
 
 
 BUILDERS = {"copy": _copy, "decode": _decode, "offline": _offline, "prefix": _prefix,
-            "constrained": _constrained}  # fmt: skip
+            "constrained": _constrained, "fp8_decode": _decode, "fp8_offline": _offline}  # fmt: skip
 
 
 def markdown(rows: list[Row], parts: dict[str, dict[str, Any]]) -> str:

@@ -7,6 +7,7 @@ the same run (or its peer: FlashInfer, cuBLAS, torch).
     python benchmarks/kernel.py shared [--fp8] [--groups 4 16] [--own 256] [--launches | --pools]
     python benchmarks/kernel.py extend [--launches | --work]
     python benchmarks/kernel.py gemv [--rows 1 8 16] [--shapes qkv down] [--layers-only]
+    python benchmarks/kernel.py fp8 [--rows 1 8 32 64] [--sweep]   # FP8 GEMV vs W8A8 vs bf16
     python benchmarks/kernel.py blas [--tokens 1 8 64 512]
     python benchmarks/kernel.py gguf [--types Q4_K Q6_K] [--rows 1 32] [--sweep]  # GGUF blocks
     python benchmarks/kernel.py elementwise              # norms, SiLU, rotary, KV store, bitmask, argmax
@@ -87,6 +88,10 @@ def run(args: argparse.Namespace, ceiling: float) -> None:
         from kernel_gemm import bench_gguf
 
         bench_gguf(ceiling, args.types, args.rows, args.layers, args.reps, args.sweep)
+    elif what == "fp8":
+        from kernel_fp8 import bench_fp8
+
+        bench_fp8(ceiling, args.rows, args.layers, args.reps, args.sweep)
     elif what == "blas":
         from kernel_gemm import bench_blas
 
@@ -142,6 +147,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     gg.add_argument("--layers", type=int, default=12, help="distinct weights per graph")
     gg.add_argument("--reps", type=int, default=20)
     gg.add_argument("--sweep", action="store_true", help="every launch of GGUF_LAUNCHES")
+    f8 = add("fp8", "FP8 GEMV vs W8A8 _scaled_mm vs bf16 cuBLAS at the 8B shapes, in graphs")
+    f8.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 32, 64, 256, 1024])
+    f8.add_argument("--layers", type=int, default=12, help="distinct weights per graph")
+    f8.add_argument("--reps", type=int, default=20)
+    f8.add_argument("--sweep", action="store_true", help="GEMV launches swept (rows <= 32)")
     blas = add("blas", "cuBLAS vs cuBLASLt per projection and token count")
     blas.add_argument("--tokens", type=int, nargs="+",
                       default=[1, 8, 32, 64, 128, 256, 512, 1024, 4096, 8192])  # fmt: skip

@@ -158,11 +158,6 @@ class EngineConfig:
             raise ValueError(
                 f"kv_cache_dtype must be 'auto' or 'fp8_e4m3', got {self.kv_cache_dtype!r}"
             )
-        if self.kv_cache_dtype == "fp8_e4m3" and self.attention_backend == "flashinfer":
-            raise ValueError(
-                "kv_cache_dtype='fp8_e4m3' is not wired for attention_backend='flashinfer' yet: "
-                "use attention_backend='triton' (the CUDA default) or 'torch'"
-            )
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if self.device == "cuda" and not torch.cuda.is_available():

@@ -23,6 +23,7 @@ from weft.runtime.executor.step import LaunchedStep, ReqStepResult, input_logpro
 from weft.runtime.executor.transfer import to_device
 from weft.runtime.loader import gguf_path, iterate_weight_slices
 from weft.runtime.loader.gguf_tensors import iterate_gguf
+from weft.runtime.loader.fp8_checkpoint import refuse_quantized_checkpoint
 from weft.runtime.models import build_model, init_dummy_weights
 from weft.runtime.models.llama import LlamaDecoderLayer, head_dim_of, sliding_window_of
 from weft.runtime.models.quant import QuantContext, make_quant_config
@@ -61,6 +62,8 @@ class ModelRunner:
         dummy = config.load_format == "dummy"
         kept_gguf = config.resolved_quantization == "gguf" and not dummy
         checkpoint = gguf_path(config.model) if kept_gguf else model_path
+        if not dummy and config.resolved_quantization is None:
+            refuse_quantized_checkpoint(hf_config)
         quant = make_quant_config(
             config.resolved_quantization, QuantContext(hf_config, checkpoint, self.dtype, dummy)
         )

@@ -45,5 +45,6 @@ def test_fp8_kv_cache_quadruples_the_pool_and_stays_close(default_model_dir: Pat
 def test_kv_cache_dtype_is_validated() -> None:
     with pytest.raises(ValueError, match="kv_cache_dtype must be 'auto' or 'fp8_e4m3'"):
         weft.EngineConfig(kv_cache_dtype="fp8")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="not wired for attention_backend='flashinfer'"):
-        weft.EngineConfig(kv_cache_dtype="fp8_e4m3", attention_backend="flashinfer")
+    # every backend reads an fp8 pool (flashinfer's: tests/gpu/test_fp8_cuda.py)
+    config = weft.EngineConfig(kv_cache_dtype="fp8_e4m3", attention_backend="flashinfer")
+    assert config.kv_cache_dtype == "fp8_e4m3"

@@ -41,12 +41,14 @@ def make_model() -> torch.nn.Module:
     return model
 
 
-def run_schedule(model: torch.nn.Module, backend: str, page_size: int) -> list[torch.Tensor]:
+def run_schedule(
+    model: torch.nn.Module, backend: str, page_size: int, kv_dtype: torch.dtype = torch.bfloat16
+) -> list[torch.Tensor]:
     """Three requests: ragged prefills in two chunks, a mixed step (one extends, two decode),
-    then 2 decode steps; logits of each step."""
+    then 2 decode steps; logits of each step (the KV pool in kv_dtype)."""
     torch.manual_seed(0)
     lens = [300, 37, 129]
-    pool = KVPool(4096, 2, 2, 128, torch.bfloat16, "cuda")
+    pool = KVPool(4096, 2, 2, 128, kv_dtype, "cuda")
     table = ReqToTokenPool(4, 4096, "cuda")
     alloc = PageAllocator(4096 // page_size, page_size, "cuda")
     for row, n in enumerate(lens):

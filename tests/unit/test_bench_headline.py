@@ -47,7 +47,13 @@ CONSTRAINED = {**GPU, "command": "python benchmarks/offline.py constrained", "re
 
 def test_the_suite_keeps_the_published_workloads() -> None:
     suite = headline.parts(flashinfer=True)
-    assert list(suite) == ["copy", "decode", "offline", "prefix", "constrained"]
+    assert list(suite) == ["copy", "decode", "offline", "prefix", "constrained", "fp8_decode",
+                           "fp8_offline"]  # fmt: skip
+    fp8_decode = " ".join(headline.command(suite["fp8_decode"], 300))
+    assert fp8_decode.endswith("--backends triton+graph --variant bf16: --variant "
+                               "fp8:quantization=fp8,kv_cache_dtype=fp8_e4m3")  # fmt: skip
+    fp8_offline = " ".join(headline.command(suite["fp8_offline"], 330))
+    assert "kv_cache_dtype=fp8_e4m3 --engine-arg quantization=fp8" in fp8_offline
     decode = " ".join(headline.command(suite["decode"], 260))
     assert decode == ("python benchmarks/step.py decode --batches 1 64 --context 2048 --reps 20 "
                       "--backends triton+graph flashinfer+graph")  # fmt: skip

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from weft.kernels.common import FP8_KV
 from weft.runtime.executor.attention.base import AttentionBackend
 from weft.runtime.executor.batch import ForwardBatch
 from weft.runtime.executor.memory import KVPool
@@ -49,7 +50,13 @@ class FlashInferAttentionBackend(AttentionBackend):
         self.decode_tc = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, "NHD", use_tensor_cores=True
         )
-        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        # NOTE: an fp8 pool under bf16 queries takes FlashInfer's fa2 kernels, which upcast the
+        # pages as they load them (the decode wrapper's tensor-core path is fa2 already); fa3,
+        # auto's pick on Hopper, runs fp8 attention with fp8 queries only
+        fp8 = pool.k[0].dtype == FP8_KV
+        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend="fa2" if fp8 else "auto"
+        )
         self._decode: Any = self.decode_tc  # the wrapper decode steps run (a graph's, in graphs)
         self._graph_wrappers: dict[int, Any] = {}
         self._graph_indices: torch.Tensor | None = None  # shared by the graphs' wrappers

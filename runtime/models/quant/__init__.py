@@ -35,6 +35,7 @@ class QuantContext:
 # name -> "module:function", the function taking a QuantContext and returning a QuantConfig
 _FACTORIES = {
     "gguf": "weft.runtime.models.quant.gguf:make_config",
+    "fp8": "weft.runtime.models.quant.fp8:make_config",
 }
 
 
