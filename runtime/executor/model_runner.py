@@ -22,8 +22,8 @@ from weft.runtime.executor.shared_prefix import PlanCache
 from weft.runtime.executor.step import LaunchedStep, ReqStepResult, input_logprob_rows, samples
 from weft.runtime.executor.transfer import to_device
 from weft.runtime.loader import gguf_path, iterate_weight_slices
-from weft.runtime.loader.gguf_tensors import iterate_gguf
 from weft.runtime.loader.fp8_checkpoint import refuse_quantized_checkpoint
+from weft.runtime.loader.gguf_tensors import iterate_gguf
 from weft.runtime.models import build_model, init_dummy_weights
 from weft.runtime.models.llama import LlamaDecoderLayer, head_dim_of, sliding_window_of
 from weft.runtime.models.quant import QuantContext, make_quant_config
