@@ -49,7 +49,9 @@ def main() -> None:
             write_frame(
                 stdout, ("ok", pickle.dumps(build_index(kind, text, whitespace, vocabulary)))
             )
-        except Exception as e:  # noqa: BLE001 - every failure goes back to the parent as a refusal
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # a Rust panic too: every failure goes back as a refusal
             write_frame(stdout, ("error", f"{type(e).__name__}: {e}"))
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import torch
 
-from weft.constrain.errors import GrammarError
+from weft.constrain.errors import PROCESS_EXITS, GrammarError, failure_text
 from weft.constrain.spec import GrammarSpec
 from weft.constrain.vocab import TokenSpace
+
+logger = logging.getLogger(__name__)
 
 
 class CompiledGrammar(ABC):
@@ -41,12 +44,17 @@ class GrammarMatcher(ABC):
     grammar may end; accepting one terminates the matcher, after which only stop ids are allowed.
     Special/added tokens and padded vocab columns are never allowed. Subclasses implement the
     `_content` hooks for ordinary tokens only.
+
+    A hook that raises (a library assert, a Rust panic, a bug) fails this matcher alone: it then
+    reports `error()`, allows only stop ids and accepts nothing, so its request ends with the
+    error while the rest of the batch goes on. Only the interpreter's exits propagate.
     """
 
     def __init__(self, space: TokenSpace) -> None:
         self._space = space
         self._stops = 0  # NOTE: stop tokens accepted; they can only sit at the tail of the history
         self._buffer: torch.Tensor | None = None  # the bitmask last checked (one per run, reused)
+        self._failure: str | None = None  # why a hook raised; the matcher is done
 
     ##### Public API #####
 
@@ -58,29 +66,55 @@ class GrammarMatcher(ABC):
         may then write the next masks into it ahead of their fill (llguidance's prefetch), which
         is then only a wait. Without `bind`, nothing writes the row after this returns.
         """
+        try:
+            self._fill(bitmask, row, bind)
+        except PROCESS_EXITS:
+            raise
+        except BaseException as e:
+            self._fail("computing the mask", e)
+            self._space.allow_only_stops(self._row_ptr(bitmask, row))
+
+    def _fill(self, bitmask: torch.Tensor, row: int, bind: bool) -> None:
+        """fill_bitmask's work (a backend may override it to use `bind`)."""
+        row_ptr = self._row_ptr(bitmask, row)
+        if self._stops or self.error() is not None:
+            self._space.allow_only_stops(row_ptr)
+            return
+        if self._fill_final(row_ptr):
+            return
+        self._fill_content(row_ptr)
+        self._space.mask_non_content(row_ptr)
+        if self._can_end():
+            self._space.allow_stops(row_ptr)
+
+    def _row_ptr(self, bitmask: torch.Tensor, row: int) -> int:
+        """The address of `bitmask[row]`, the bitmask's type and layout checked."""
         space = self._space
         if bitmask is not self._buffer:  # NOTE: type and layout checked once per buffer (~1 us)
             assert bitmask.dtype == torch.int32 and not bitmask.is_cuda
             assert bitmask.shape[1] == space.words and bitmask.is_contiguous()
             self._buffer = bitmask
         assert 0 <= row < bitmask.shape[0]
-        row_ptr = bitmask.data_ptr() + 4 * space.words * row
-        if self._stops or self.error() is not None:
-            space.allow_only_stops(row_ptr)
-            return
-        if self._fill_final(row_ptr):
-            return
-        self._fill_content(row_ptr)
-        space.mask_non_content(row_ptr)
-        if self._can_end():
-            space.allow_stops(row_ptr)
+        return bitmask.data_ptr() + 4 * space.words * row
 
     def accept_token(self, token: int) -> bool:
         """Advance by one sampled token; False (and no state change) if the grammar forbids it.
 
         Every token the mask allows is accepted. The converse may not hold: llguidance's mask
         keeps only the canonical tokenization of forced text, yet any tokenization is accepted.
+        A matcher in error accepts nothing.
         """
+        if self._failure is not None:
+            return False
+        try:
+            return self._accept(token)
+        except PROCESS_EXITS:
+            raise
+        except BaseException as e:
+            self._fail(f"accepting token {token}", e)
+            return False
+
+    def _accept(self, token: int) -> bool:
         space = self._space
         if token in space.stop_ids:
             if self._stops or self._can_end():
@@ -94,10 +128,17 @@ class GrammarMatcher(ABC):
     def rollback(self, k: int) -> None:
         """Undo the last `k` accepted tokens (retraction, speculative rejection)."""
         assert k >= 0
+        if self._failure is not None:
+            return
         undo_stops = min(k, self._stops)
         self._stops -= undo_stops
         if k - undo_stops:
-            self._rollback_content(k - undo_stops)
+            try:
+                self._rollback_content(k - undo_stops)
+            except PROCESS_EXITS:
+                raise
+            except BaseException as e:
+                self._fail(f"rolling back {k} tokens", e)
 
     def release(self) -> None:  # noqa: B027 - optional hook: most matchers write no row later
         """The row of the last `fill_bitmask(..., bind=True)` is no longer this matcher's (its
@@ -116,27 +157,58 @@ class GrammarMatcher(ABC):
         """
         if self._stops or self.error() is not None:
             return []
+        try:
+            content = self._forced_content()
+        except PROCESS_EXITS:
+            raise
+        except BaseException as e:
+            self._fail("computing forced tokens", e)
+            return []
         forced: list[int] = []
-        for token in self._forced_content():
+        for token in content:
             if not self._space.is_content(token):
                 break
             forced.append(token)
         return forced
 
     def copy(self) -> GrammarMatcher:
-        """An independent matcher in the same state (fork, n>1)."""
-        clone = self._clone()
+        """An independent matcher in the same state (fork, n>1); a GrammarError if the backend
+        cannot copy it (or it is in error)."""
+        if self._failure is not None:
+            raise GrammarError(f"the grammar failed: {self._failure}")
+        try:
+            clone = self._clone()
+        except PROCESS_EXITS:
+            raise
+        except BaseException as e:
+            raise GrammarError(f"the grammar failed copying its state: {failure_text(e)}") from e
         clone._stops = self._stops
         return clone
 
     def error(self) -> str | None:
-        """Why the grammar cannot go on (a backend resource limit hit mid-generation), else None.
+        """Why the grammar cannot go on (a backend limit hit mid-generation, or a backend call
+        that raised), else None. A matcher in error allows only stop ids, so the request ends;
+        report it as an error."""
+        if self._failure is not None:
+            return self._failure
+        try:
+            return self._library_error()
+        except PROCESS_EXITS:
+            raise
+        except BaseException as e:
+            self._fail("reading its state", e)
+            return self._failure
 
-        A matcher in error allows only stop ids, so the request ends; report it as an error.
-        """
-        return None
+    def _fail(self, doing: str, e: BaseException) -> None:
+        """A hook raised: the matcher is done (logged with the traceback; the request reports it)."""
+        self._failure = f"the grammar backend failed {doing} ({failure_text(e)})"
+        logger.warning("%s", self._failure, exc_info=e)
 
     ##### Backend hooks (ordinary tokens only) #####
+
+    def _library_error(self) -> str | None:
+        """The library's own error state (e.g. a fuel limit hit), if any."""
+        return None
 
     def _fill_final(self, row_ptr: int) -> bool:
         """Write the whole row (stops and non-content handled, as below) if the backend already

@@ -9,7 +9,8 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from weft.constrain.base import CompiledGrammar, GrammarBackend
-from weft.constrain.errors import GrammarError
+from weft.constrain.errors import PROCESS_EXITS, GrammarError, failure_text
+from weft.constrain.limits import DEFAULT_LIMITS, GrammarLimits
 from weft.constrain.spec import GrammarSpec
 
 logger = logging.getLogger(__name__)
@@ -57,26 +58,26 @@ class CompileHandle:
             return self._elapsed > self.timeout_s
         return self._started is not None and time.monotonic() - self._started > self.timeout_s
 
-    def _run(self, backend: GrammarBackend) -> None:
+    def _run(self, backend: GrammarBackend, limits: GrammarLimits) -> None:
         self._started = time.monotonic()
         try:
+            limits.check(self.spec.kind, self.spec.spec)
             grammar = backend.compile(self.spec, timeout_s=self.timeout_s)
         except GrammarError as e:
             self._elapsed = time.monotonic() - self._started
             self._future.set_exception(e)
-        except Exception as e:  # a bug in a backend: this spec fails, the caller goes on
+        except PROCESS_EXITS as e:  # interpreter exit: the caller still gets an answer
+            self._elapsed = time.monotonic() - self._started
+            self._future.set_exception(e)
+            raise
+        except BaseException as e:  # an assert, a Rust panic, a bug: this spec fails alone
             self._elapsed = time.monotonic() - self._started
             logger.exception("the %s grammar backend failed on a %s", backend.name, self.spec.kind)
             self._future.set_exception(
                 GrammarError(
-                    f"internal error in the {backend.name} grammar backend "
-                    f"({type(e).__name__}: {str(e)[:200]})"
+                    f"internal error in the {backend.name} grammar backend ({failure_text(e)})"
                 )
             )
-        except BaseException as e:  # interpreter exit: the caller still gets an answer
-            self._elapsed = time.monotonic() - self._started
-            self._future.set_exception(e)
-            raise
         else:
             self._elapsed = time.monotonic() - self._started
             self._future.set_result(grammar)
@@ -85,6 +86,8 @@ class CompileHandle:
 class GrammarCompiler:
     """Compiles specs off the caller's thread, caching results and failures by
     (backend, tokenizer, options, kind, canonical spec, strict) in an LRU of `cache_size` entries.
+    Each spec is first checked against `limits` (a GrammarError names the limit). Whatever the
+    backend raises fails that spec alone, as a GrammarError (only interpreter exits propagate).
 
     The timeout really bounds the work: the outlines backend kills its worker process at the
     deadline; llguidance compiles are bounded by the library's fuel limits (worst case ~2 s of
@@ -97,9 +100,11 @@ class GrammarCompiler:
         timeout_s: float = 10.0,
         cache_size: int = 1024,
         threads: int = 2,
+        limits: GrammarLimits = DEFAULT_LIMITS,
     ) -> None:
         assert timeout_s > 0 and cache_size > 0 and threads > 0
         self.backend = backend
+        self.limits = limits
         self.timeout_s = timeout_s
         self.cache_size = cache_size
         self.hits = 0
@@ -121,7 +126,7 @@ class GrammarCompiler:
             handle = self._cache[key] = CompileHandle(spec, self.timeout_s)
             if len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
-        self._pool.submit(handle._run, self.backend)
+        self._pool.submit(handle._run, self.backend, self.limits)
         return handle
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ from weft.constrain.base import CompiledGrammar, GrammarBackend, GrammarMatcher
 from weft.constrain.errors import STRICT_NOTE, GrammarError
 from weft.constrain.llguidance_matcher import LLGuidanceMatcher
 from weft.constrain.llguidance_prefetch import MaskWorker
+from weft.constrain.regex_text import ascii_digits, lark_ascii_digits
 from weft.constrain.schema import llguidance_keywords, without_patterns, without_remote_refs
 from weft.constrain.spec import GrammarSpec
 from weft.constrain.structural_format import format_grammar, format_texts
@@ -198,14 +199,15 @@ class LLGuidanceBackend(GrammarBackend):
             except ValueError as e:  # e.g. nesting deeper than its JSON parser's recursion limit
                 raise GrammarError(f"invalid json_schema: {e}") from None
         if spec.kind == "regex":
-            return make.grammar_from_regex(spec.spec)
+            return make.grammar_from_regex(ascii_digits(spec.spec))
         if spec.kind == "choices":
             lark = "start: " + " | ".join(json.dumps(c) for c in spec.choice_list())
             return make.grammar_from_lark(lark)
         try:
-            return llguidance.grammar_from("ebnf", spec.spec)  # Lark, or GBNF converted to Lark
+            lark = llguidance.grammar_from("ebnf", spec.spec)  # Lark, or GBNF converted to Lark
         except ValueError as e:
             raise GrammarError(f"invalid ebnf grammar: {e}") from None
+        return lark_ascii_digits(lark)
 
     def _structural_tag_grammar(self, spec: GrammarSpec) -> tuple[str, frozenset[int]]:
         """The grammar and its structure tokens (special / added tokens its tags hold)."""

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from weft.constrain.base import GrammarMatcher
+from weft.constrain.errors import GrammarError
 from weft.constrain.llguidance_prefetch import BoundRow, Job, MaskWorker
 from weft.constrain.vocab import TokenSpace
 
@@ -43,15 +44,16 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._forced: list[int] | None = None  # forced tokens of the current state, if known
         self._prefetch_if_unforced()  # the first mask too: a prefill runs before its fill
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int, bind: bool = False) -> None:
+    def _fill(self, bitmask: torch.Tensor, row: int, bind: bool) -> None:
         self._join()  # NOTE: no job may write a row while this thread writes one
         row_ = self._row
-        if bind and self._ready and not self._filled and not self._stops and row_ is not None:
+        fresh = self._ready and not self._filled and self._failure is None
+        if bind and fresh and not self._stops and row_ is not None:
             if row_.holds(bitmask, row):  # the common case: the prefetch is already in the row
                 self._filled = self._in_place = True  # NOTE: what the full path below ends with
                 return
         self._in_place = False
-        super().fill_bitmask(bitmask, row)
+        super()._fill(bitmask, row, bind)
         if self._row is not None:  # bound: the next prefetch also writes its mask there
             self._row.bind(bitmask if bind else None, row, holds=self._in_place)
 
@@ -59,12 +61,12 @@ class LLGuidanceMatcher(GrammarMatcher):
         if self._row is not None:
             self._row.release()
 
-    def error(self) -> str | None:
+    def _library_error(self) -> str | None:
         if (self._job is not None or self._ready) and not self._filled:
             # NOTE: a prefetch starts only from a state without error; an error it met (a fuel
             # limit) shows once a fill delivered its mask, as when the fill computes it itself.
             return None
-        return str(self._m.get_error()) if self._m.is_error() else None
+        return self._message() if self._m.is_error() else None
 
     def _fill_final(self, row_ptr: int) -> bool:
         """A prefetched mask is a finished row (the worker cleared non-content bits and added
@@ -93,8 +95,8 @@ class LLGuidanceMatcher(GrammarMatcher):
         # NOTE: consume_token on a forbidden token poisons the matcher; validate first.
         if self._m.validate_tokens([token]) != 1:
             return False
-        ok = self._m.consume_token(token)
-        assert ok, self._m.get_error()
+        if not self._m.consume_token(token):  # e.g. a lexer limit met on the way
+            raise GrammarError(self._message())
         self._ready = self._filled = False
         self._forced = None
         self._prefetch_if_unforced()
@@ -102,8 +104,8 @@ class LLGuidanceMatcher(GrammarMatcher):
 
     def _rollback_content(self, k: int) -> None:
         self._join()
-        ok = self._m.rollback(k)
-        assert ok, f"rollback({k}) failed: {self._m.get_error()}"
+        if not self._m.rollback(k):
+            raise GrammarError(f"rollback({k}) failed: {self._message()}")
         self._ready = self._filled = False
         self._forced = None
 
@@ -120,6 +122,10 @@ class LLGuidanceMatcher(GrammarMatcher):
         )
 
     ##### Internal Helper Functions #####
+
+    def _message(self) -> str:
+        """The library's error, without its markup."""
+        return " ".join(str(self._m.get_error()).replace("<non-verbose/>", "").split())
 
     def _prefetch_if_unforced(self) -> None:
         """Start computing this state's mask, unless it has an error, or forced tokens without

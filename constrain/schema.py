@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from weft.constrain.errors import GrammarError
+from weft.constrain.regex_text import ascii_digits
 
 # Keywords that never constrain an instance (ignored by every backend, never reported).
 ANNOTATIONS = frozenset(
@@ -133,6 +134,19 @@ def without_patterns(
             del node["pattern"]
             dropped.append(pattern)
     return schema, list(dict.fromkeys(dropped))
+
+
+def ascii_digit_patterns(schema: Any) -> Any:
+    """A copy of `schema` with `\\d` / `\\D` read as ASCII digits in every regex (`pattern`,
+    `patternProperties` keys), as JSON Schema's ECMA-262 regexes read them."""
+    schema = copy.deepcopy(schema)
+    for node in walk(schema):
+        if isinstance(node.get("pattern"), str):
+            node["pattern"] = ascii_digits(node["pattern"])
+        props = node.get("patternProperties")
+        if isinstance(props, dict):
+            node["patternProperties"] = {ascii_digits(k): v for k, v in props.items()}
+    return schema
 
 
 ##### llguidance: the library reports what it skipped #####

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from weft.constrain.errors import GrammarError
+from weft.constrain.limits import DEFAULT_LIMITS
 from weft.constrain.structural_tag import canonical_structural_tag
 
 GrammarKind = Literal["json_schema", "json_object", "regex", "ebnf", "choices", "structural_tag"]
@@ -39,17 +40,23 @@ class GrammarSpec:
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | bool | str, strict: bool = False) -> GrammarSpec:
         if isinstance(schema, str):
+            DEFAULT_LIMITS.check_json_text(schema, "json_schema")  # before json.loads recurses
             try:
                 schema = json.loads(schema)
             except json.JSONDecodeError as e:
                 raise GrammarError(f"json_schema is not valid JSON: {e}") from None
+        else:
+            DEFAULT_LIMITS.check_json_value(schema, "json_schema")
         if schema is False:
             raise GrammarError("the json_schema false allows no value")
         if schema is True:
             schema = {}
         if not isinstance(schema, dict):
             raise GrammarError("json_schema must be a JSON object (or a boolean schema)")
-        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+        try:
+            text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+        except RecursionError:
+            raise GrammarError("json_schema nests too deeply to read") from None
         return cls("json_schema", text, strict)
 
     @classmethod

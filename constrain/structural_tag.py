@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from weft.constrain.errors import GrammarError
+from weft.constrain.limits import DEFAULT_LIMITS
 from weft.constrain.structural_check import check_format, nested_triggers
 
 FIELDS = ("structures", "triggers")
@@ -84,10 +85,13 @@ def canonical_structural_tag(value: Any) -> str:
     """The canonical JSON of a request's structural_tag (object or JSON text), either form:
     `{"structures", "triggers"}` or `{"format"}`. A GrammarError says what is wrong."""
     if isinstance(value, str):
+        DEFAULT_LIMITS.check_json_text(value, "structural_tag")  # before json.loads recurses
         try:
             value = json.loads(value)
         except json.JSONDecodeError as e:
             raise GrammarError(f"structural_tag is not valid JSON: {e}") from None
+    else:
+        DEFAULT_LIMITS.check_json_value(value, "structural_tag")  # before the checks recurse
     if isinstance(value, Mapping) and "format" in value:
         if value.get("type", "structural_tag") != "structural_tag":
             raise GrammarError(

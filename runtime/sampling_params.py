@@ -11,8 +11,12 @@ from typing import Any
 
 import regex
 
+from weft.constrain.limits import DEFAULT_LIMITS
+from weft.runtime.text_checks import check_text
+
 GREEDY_TEMPERATURE = 1e-6  # a temperature in [0, GREEDY_TEMPERATURE) means greedy (argmax)
 _SEED_LIMIT = 2**64  # torch generators take uint64 seeds
+_INT_LIMIT = 2**64  # the IPC codec carries integers below this (uint64)
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,10 @@ def _check_ranges(p: SamplingParams) -> None:
         raise ValueError(f"repetition_penalty must be in (0, 2], got {_fmt(p.repetition_penalty)}")
     if p.n < 1:
         raise ValueError(f"n must be at least 1, got {p.n}")
+    # NOTE: max_new_tokens is held to the context length before it is sent (check_request)
+    for name in ("min_new_tokens", "top_k", "n"):
+        if getattr(p, name) >= _INT_LIMIT:
+            raise ValueError(f"{name} is too large (at most 2**64 - 1), got {getattr(p, name)}")
     if any(s == "" for s in p.stop):
         raise ValueError("stop strings must be non-empty, got ''")
     for token_id in p.stop_token_ids:
@@ -151,6 +159,7 @@ def _check_ranges(p: SamplingParams) -> None:
         except regex.error as e:
             raise ValueError(f"stop_regex pattern {pattern!r} does not compile: {e}") from None
     if p.json_schema is not None:
+        DEFAULT_LIMITS.check_json_text(p.json_schema, "json_schema")  # before json.loads recurses
         try:
             json.loads(p.json_schema)
         except ValueError as e:
@@ -160,6 +169,7 @@ def _check_ranges(p: SamplingParams) -> None:
     if p.structural_tag is not None:
         if any(g is not None for g in (p.regex, p.json_schema, p.ebnf)):
             raise ValueError("structural_tag cannot be combined with regex, json_schema or ebnf")
+        DEFAULT_LIMITS.check_json_text(p.structural_tag, "structural_tag")
         try:
             json.loads(p.structural_tag)
         except ValueError as e:
@@ -199,14 +209,14 @@ def _as_bool(name: str, v: Any) -> bool:
 def _as_str(name: str, v: Any) -> str:
     if not isinstance(v, str):
         raise ValueError(f"{name} must be a string, got {v!r}")
-    return v
+    return check_text(v, name)
 
 
 def _as_strs(name: str, v: Any) -> tuple[str, ...]:
     items = (v,) if isinstance(v, str) else v
     if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) for s in items):
         raise ValueError(f"{name} must be a string or a list of strings, got {v!r}")
-    return tuple(items)
+    return tuple(check_text(s, name) for s in items)
 
 
 def _as_token_ids(name: str, v: Any) -> tuple[int, ...]:
@@ -217,10 +227,13 @@ def _as_token_ids(name: str, v: Any) -> tuple[int, ...]:
 
 def _as_json_schema(name: str, v: Any) -> str:
     if isinstance(v, Mapping):
-        return json.dumps(v)
+        try:
+            return json.dumps(v)
+        except RecursionError:
+            raise ValueError(f"{name} nests too deeply to read") from None
     if not isinstance(v, str):
         raise ValueError(f"{name} must be a JSON string or an object, got {v!r}")
-    return v
+    return check_text(v, name)
 
 
 def _as_logit_bias(name: str, v: Any) -> dict[int, float] | None:

@@ -60,9 +60,10 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: 
 
 @pytest.fixture(scope="session")
 def server(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """`weft serve` on the packaged SmolLM2 (one for the whole session)."""
+    """`weft serve` on the packaged SmolLM2 (one for the whole session), with the cache report."""
     log = tmp_path_factory.mktemp("server") / "serve.log"
-    proc = ServerProcess(["--model", str(default_model_dir), "--served-model-name", "smollm2"], log)
+    args = ["--model", str(default_model_dir), "--served-model-name", "smollm2"]
+    proc = ServerProcess([*args, "--enable-cache-report"], log)
     try:
         proc.wait_ready()
         yield proc

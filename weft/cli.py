@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import typing
 from typing import Any
@@ -134,8 +135,51 @@ def cmd_serve(args: argparse.Namespace) -> int:
         chat_template=args.chat_template,
         incremental_streaming_output=args.incremental_streaming_output,
         tool_call_parser=args.tool_call_parser,
+        enable_cache_report=args.enable_cache_report,
+        max_top_logprobs=args.max_top_logprobs,
+        max_n=args.max_n,
+        max_request_bytes=args.max_request_bytes,
+        shutdown_timeout=args.shutdown_timeout,
     )
     return run_server(config)
+
+
+def _add_limit_options(parser: argparse.ArgumentParser) -> None:
+    """The server's limits and shutdown (README "Limits"); over a limit is a 4xx, no work queued."""
+    group = parser.add_argument_group("limits and shutdown")
+    group.add_argument(
+        "--max-top-logprobs",
+        type=int,
+        default=20,
+        help="most top logprobs per position a request may ask for (native top_logprobs_num, "
+        "OpenAI logprobs / top_logprobs); more is a 400. Each one is an entry per prompt or "
+        "output token in the reply: uncapped, a 20-token prompt could ask for the whole "
+        "vocabulary at every position (tens of MB). 20 is OpenAI's cap (default: 20)",
+    )
+    group.add_argument(
+        "--max-n",
+        type=int,
+        default=128,
+        help="most samples per prompt (n, sampling_params.n); more is a 400. Each sample is a "
+        "sequence of its own in the batch, with its own KV for its output; 128 is OpenAI's cap "
+        "(default: 128)",
+    )
+    group.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=32 << 20,
+        help="largest request body in bytes; a larger one is a 413, refused from its "
+        "Content-Length or as soon as a chunked body passes the limit (default: 33554432, "
+        "32 MiB: about 8M tokens of prompt text)",
+    )
+    group.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds the requests in flight may finish after SIGTERM/SIGINT (new ones get "
+        "503); the rest are then aborted ('server shutting down') and the server exits 0. A "
+        "second signal exits at once with code 1 (default: 30)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,7 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=30000, help="TCP port (default: 30000)")
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    serve.add_argument(
+        "--api-key",
+        default=os.environ.get("WEFT_API_KEY") or None,
+        help="require 'Authorization: Bearer KEY' (default: $WEFT_API_KEY if set, which keeps "
+        "the key out of the process list; the key is never logged or printed)",
+    )
     serve.add_argument(
         "--served-model-name", default=None, help="the model id clients use (default: from --model)"
     )
@@ -172,6 +221,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="native /generate streams text deltas instead of the text so far",
     )
+    serve.add_argument(
+        "--enable-cache-report",
+        action="store_true",
+        help="OpenAI usage reports prompt_tokens_details.cached_tokens (the prompt tokens "
+        "served from the prefix cache), as SGLang's flag does",
+    )
+    _add_limit_options(serve)
     _add_engine_options(serve)
     gen = sub.add_parser("generate", help="generate text for one prompt with the offline engine")
     gen.add_argument("prompt")

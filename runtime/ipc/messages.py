@@ -60,6 +60,7 @@ class BatchGenerateReq(msgspec.Struct, tag=True):
 class AbortReq(msgspec.Struct, tag=True):
     rid: str = ""
     abort_all: bool = False
+    message: str = ""  # the finish reason's message; empty: "aborted by request"
 
 
 class FlushCacheReq(msgspec.Struct, tag=True):

@@ -51,6 +51,8 @@ def check_finish(req: Req, token: int, eos_ids: frozenset[int]) -> FinishReason 
     stop = req.stop_state
     grammar = req.grammar
     if grammar is not None and not grammar.accept_token(token):
+        if grammar.error() is not None:
+            return grammar_failed(grammar.error())
         return FinishReason("abort", message=f"internal error: the grammar rejected token {token}")
     if stop is not None:
         if n == p.min_new_tokens:
@@ -58,7 +60,7 @@ def check_finish(req: Req, token: int, eos_ids: frozenset[int]) -> FinishReason 
         stop.decoder.push([token])
     if grammar is not None:
         if grammar.error() is not None:
-            return FinishReason("abort", message=f"grammar error: {grammar.error()}")
+            return grammar_failed(grammar.error())
         if grammar.is_terminated():
             return FinishReason("stop", matched=token)
     if n >= p.min_new_tokens:
@@ -75,6 +77,12 @@ def check_finish(req: Req, token: int, eos_ids: frozenset[int]) -> FinishReason 
     if n >= req.max_new_tokens:
         return FinishReason("length", length=req.max_new_tokens)
     return None
+
+
+def grammar_failed(why: str | None) -> FinishReason:
+    """The request's grammar failed mid-generation (a backend limit, a backend that raised):
+    this request ends with the reason, a 400 (the grammar caused it)."""
+    return FinishReason("abort", message=f"grammar error: {why}", status=400)
 
 
 def jump_forward(req: Req, eos_ids: frozenset[int]) -> None:

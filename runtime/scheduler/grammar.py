@@ -13,6 +13,8 @@ from weft.constrain import (
     GrammarSpec,
     create_grammar_backend,
 )
+from weft.constrain.errors import PROCESS_EXITS, failure_text
+from weft.constrain.limits import DEFAULT_LIMITS
 from weft.runtime.config import EngineConfig
 from weft.runtime.sampling_params import SamplingParams
 from weft.runtime.scheduler.request import Req
@@ -23,6 +25,7 @@ logger = logging.getLogger(__name__)
 def grammar_spec(params: SamplingParams) -> GrammarSpec | None:
     """The request's constraint, if any (SamplingParams already allows at most one)."""
     if params.json_schema is not None:
+        DEFAULT_LIMITS.check_json_text(params.json_schema, "json_schema")
         try:
             schema = json.loads(params.json_schema)
         except json.JSONDecodeError as e:
@@ -133,6 +136,7 @@ class GrammarQueue:
         """Remove the scanned positions from `pending`: ready requests get their matcher (waiting
         for a compile still running here, as on a follower rank), failed ones come with the reason."""
         out_ready: list[Req] = []
+        out_failed = [(self.pending[i], reason) for i, reason in failed]
         for i in ready:
             req = self.pending[i]
             try:
@@ -142,11 +146,18 @@ class GrammarQueue:
                     f"grammar compiled on rank 0 but failed here ({e}); tensor-parallel ranks "
                     "must agree, raise grammar_timeout"
                 ) from e
-            req.grammar = grammar.matcher()
-            req.unenforced = list(grammar.unenforced)
             req.grammar_handle = None
+            try:
+                req.grammar = grammar.matcher()
+            except PROCESS_EXITS:
+                raise
+            except BaseException as e:  # the backend failed starting it: this request alone
+                logger.warning("a %s matcher failed to start", grammar.spec.kind, exc_info=e)
+                why = f"Failed to start the grammar: {failure_text(e)}"
+                out_failed.append((req, why))
+                continue
+            req.unenforced = list(grammar.unenforced)
             out_ready.append(req)
-        out_failed = [(self.pending[i], reason) for i, reason in failed]
         gone = set(ready) | {i for i, _ in failed}
         self.pending = [r for i, r in enumerate(self.pending) if i not in gone]
         return out_ready, out_failed

@@ -159,5 +159,5 @@ class Intake:
         if queues.chunked is not None and hit(queues.chunked):
             queues.chunked = None
         for req in aborted:
-            req.finish = FinishReason("abort", message="aborted by request")
+            req.finish = FinishReason("abort", message=msg.message or "aborted by request")
         return aborted

@@ -39,6 +39,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
             content = ""
         elif not isinstance(content, str):
             raise ValueError(f"messages[{i}].content must be a string or a list of text parts")
+        _check_extras(msg, i)
         item = {k: v for k, v in msg.items() if k in ("name", "tool_calls", "tool_call_id")}
         out.append({"role": "system" if role == "developer" else role, "content": content, **item})
     return out
@@ -52,8 +53,23 @@ def _text_parts(parts: list[Any], i: int) -> str:
             raise ValueError(
                 f"messages[{i}].content: part type {kind!r} is not supported (only text)"
             )
-        texts.append(str(part.get("text", "")))
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise ValueError(f"messages[{i}].content: a text part's text must be a string")
+        texts.append(text)
     return "".join(texts)
+
+
+def _check_extras(msg: Mapping[str, Any], i: int) -> None:
+    """name and tool_call_id are strings; tool_calls a list of objects (what templates read)."""
+    for key in ("name", "tool_call_id"):
+        if msg.get(key) is not None and not isinstance(msg[key], str):
+            raise ValueError(f"messages[{i}].{key} must be a string")
+    calls = msg.get("tool_calls")
+    if calls is not None and (
+        not isinstance(calls, list) or not all(isinstance(c, Mapping) for c in calls)
+    ):
+        raise ValueError(f"messages[{i}].tool_calls must be a list of tool-call objects")
 
 
 def render_chat(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weft.runtime.sampling_params import SamplingParams
+from weft.runtime.text_checks import check_text
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class GenerateInput:
             rid = rids[i] if rids[i] is not None else uuid.uuid4().hex
             if not isinstance(rid, str) or not rid:
                 raise ValueError(f"rid must be a non-empty string, got {rid!r}")
+            check_text(rid, "rid")
             specs.append(
                 PromptSpec(
                     index=i,
@@ -131,6 +133,7 @@ def _prompts(text: Any, input_ids: Any) -> tuple[list[str] | None, list[list[int
                 )
             if not t:
                 raise ValueError("text must not be empty")
+            check_text(t, "text")
         return items, None
     if not isinstance(input_ids, list) or not input_ids:
         raise ValueError(

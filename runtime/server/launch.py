@@ -17,6 +17,7 @@ from weft.runtime.loader import read_hf_config, resolve_model_path
 from weft.runtime.loader.model_info import ModelInfo
 from weft.runtime.loader.tokenizer_source import TokenizerSource, resolve_tokenizer
 from weft.runtime.models.parallel import check_tp
+from weft.runtime.server.limits import RequestLimits
 from weft.runtime.server.tokenizer_manager import RuntimeDown, TokenizerManager
 
 logger = logging.getLogger(__name__)
@@ -66,8 +67,8 @@ class ChildProcesses:
         said = "; ".join(f"the {name} process exited with code {code}" for name, code in dead)
         return f"{said} (see {'its log' if len(dead) == 1 else 'their logs'} above)"
 
-    def shutdown(self) -> None:
-        """Terminate, then kill what is left after 5 s; remove the ipc directory."""
+    def shutdown(self, grace: float = 5.0) -> None:
+        """Terminate, then kill what is left after `grace` seconds; remove the ipc directory."""
         if self.closed:
             return
         self.closed = True
@@ -76,7 +77,7 @@ class ChildProcesses:
                 proc.terminate()
         for proc in self.procs.values():
             if proc.pid is not None:
-                proc.join(5)
+                proc.join(grace)
                 if proc.is_alive():
                     proc.kill()
                     proc.join(5)
@@ -128,8 +129,9 @@ def prepare(config: EngineConfig) -> Prepared:
     return Prepared(model_path, info, source, source.load())
 
 
-async def start_runtime(config: EngineConfig) -> Runtime:
-    """Everything up to "ready", on the running event loop; raises with the reason on failure."""
+async def start_runtime(config: EngineConfig, limits: RequestLimits | None = None) -> Runtime:
+    """Everything up to "ready", on the running event loop; raises with the reason on failure.
+    `limits`: the caps on each request (none by default: the offline Engine)."""
     prep = prepare(config)
     model_path, info, tokenizer = prep.model_path, prep.info, prep.tokenizer
     children = ChildProcesses(config, model_path)
@@ -140,6 +142,7 @@ async def start_runtime(config: EngineConfig) -> Runtime:
         scheduler_addr=children.ends.scheduler,
         listen_addr=children.ends.engine,
         check_children=children.check,
+        limits=limits,
     )
     manager.start()
     try:

@@ -58,11 +58,14 @@ class ReqState:
             self.finished = True
 
 
-def build_output(tokenizer: Any, state: ReqState, final: bool) -> dict[str, Any]:
+def build_output(
+    tokenizer: Any, state: ReqState, final: bool, pieces: list[StrOut] | None = None
+) -> dict[str, Any]:
     """final: the whole result; otherwise the delta of the pieces not yet consumed (streaming).
-    Without a tokenizer (skip_tokenizer_init) there is no "text" key, as in SGLang's results."""
-    pieces: list[StrOut] = state.pieces
-    state.pieces = []
+    Without a tokenizer (skip_tokenizer_init) there is no "text" key, as in SGLang's results.
+    `pieces`: those already taken from the state (by a caller that builds on another thread)."""
+    if pieces is None:
+        pieces, state.pieces = state.pieces, []
     last = pieces[-1].token if pieces else None
     if final:
         text, output_ids = state.text, state.output_ids

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -28,6 +31,7 @@ from weft.runtime.ipc.messages import (
 )
 from weft.runtime.loader.model_info import ModelInfo
 from weft.runtime.server.generate_input import GenerateInput, PromptSpec, no_tokenizer
+from weft.runtime.server.limits import RequestLimits, check_text_fits, max_chars_per_token
 from weft.runtime.server.output import ReqState, build_output
 
 logger = logging.getLogger(__name__)
@@ -38,10 +42,15 @@ WATCH_INTERVAL_S = 0.5
 # first part is decoded and admitted, and takes the rest while the device runs: 1,024 prompts of
 # 2,176 tokens in one message took ~0.5 s to decode and admit on the 2-core VM before anything ran.
 BATCH_PART_TOKENS = 1 << 17
+# NOTE: tokenization, chat templates and logprob token texts run on these threads, never on the
+# event loop: a 10M-character prompt takes seconds to tokenize (the Rust part releases the GIL).
+TOKENIZER_THREADS = 4
+
+T = TypeVar("T")
 
 
 class RuntimeDown(RuntimeError):
-    """A child process died; no request can be served any more."""
+    """A child process died (or the server is shutting down); no request can be served any more."""
 
 
 class TokenizerManager:
@@ -53,8 +62,11 @@ class TokenizerManager:
         scheduler_addr: str,
         listen_addr: str,
         check_children: Callable[[], str | None],
+        limits: RequestLimits | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.limits = limits or RequestLimits()
+        self.max_token_chars = max_chars_per_token(tokenizer)
         self.info = info
         self.max_total_tokens = max_total_tokens
         self.ctx = zmq.asyncio.Context()
@@ -68,6 +80,8 @@ class TokenizerManager:
         self.control: asyncio.Queue[Message] = asyncio.Queue()
         self.control_lock = asyncio.Lock()
         self.down: str | None = None
+        self.closing: str | None = None  # set by stop_accepting(): new requests are refused
+        self.pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="weft-tokenize")
         self.tasks: list[asyncio.Task[None]] = []
         # called on every output: (state, the output, the previous token time) — e.g. metrics
         self.observers: list[Callable[[ReqState, StrOut, float | None], None]] = []
@@ -81,6 +95,7 @@ class TokenizerManager:
     async def close(self) -> None:
         for task in self.tasks:
             task.cancel()
+        self.pool.shutdown(wait=False, cancel_futures=True)
         self.to_scheduler.close(linger=0)
         self.inbox.close(linger=0)
         self.ctx.term()
@@ -93,22 +108,26 @@ class TokenizerManager:
         async for out in self.results(states, obj.stream):
             yield out
 
+    async def run_blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """fn(*args, **kwargs) on a tokenizer thread: what may take long (tokenizing, rendering a
+        chat template, decoding many ids) never stalls the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
+
     async def submit(self, obj: GenerateInput) -> list[ReqState]:
         """Check, tokenize and send every output of the request; ValueError on bad input."""
-        self._raise_if_down()
-        specs = obj.specs()
-        ids = [self._tokenize(s) for s in specs]
-        ns = {s.params.n for s in specs}
-        if len(ns) > 1:
-            raise ValueError("all prompts of a batch must use the same sampling parameter n")
-        n = ns.pop()
-        for spec, prompt in zip(specs, ids, strict=True):
-            self._check(spec, prompt)
+        self._raise_if_closed()
+        specs, ids = await self.run_blocking(self._prepare, obj)
+        self._raise_if_closed()  # it may have stopped while the prompts were tokenized
+        n = specs[0].params.n
         if n > 1:  # prefill each prompt once so the n samples share it through the radix cache
             warm = [
                 (_prefill_only(s), p, f"{s.rid}-prefill") for s, p in zip(specs, ids, strict=True)
             ]
-            await self.collect(self._submit(warm))
+            warmed = await self.collect(self._submit(warm))
+            aborted = any(_aborted(out) for out in warmed)
+            if aborted and self.closing is not None:  # the shutdown's abort came first
+                raise RuntimeDown(self.closing)
         outputs = [
             (
                 spec if n == 1 else _sample_j(spec, j),
@@ -135,6 +154,19 @@ class TokenizerManager:
                 if not state.finished:
                     self.abort(state.rid)
 
+    def _prepare(self, obj: GenerateInput) -> tuple[list[PromptSpec], list[list[int]]]:
+        """(specs, prompt ids): checked against the limits, tokenized, and checked against the
+        context and the pool; runs on a tokenizer thread and touches no shared state."""
+        specs = obj.specs()
+        for spec in specs:
+            self.limits.check(spec)
+        if len({s.params.n for s in specs}) > 1:
+            raise ValueError("all prompts of a batch must use the same sampling parameter n")
+        ids = [self._tokenize(s) for s in specs]
+        for spec, prompt in zip(specs, ids, strict=True):
+            self._check(spec, prompt)
+        return specs, ids
+
     def _tokenize(self, spec: PromptSpec) -> list[int]:
         if self.tokenizer is None:  # skip_tokenizer_init: ids only, and nothing that reads text
             needs = spec.needs_tokenizer()
@@ -143,6 +175,7 @@ class TokenizerManager:
         if spec.input_ids is not None:
             return spec.input_ids
         assert spec.text is not None
+        check_text_fits(spec.text, self.max_token_chars, self.info.context_len)
         return list(self.tokenizer.encode(spec.text))
 
     def _check(self, spec: PromptSpec, prompt: list[int]) -> None:
@@ -195,17 +228,26 @@ class TokenizerManager:
                     stream=spec.stream,
                 )
             )
+        payloads = encode_parts(msgs)
         for state in states:
             self.states[state.rid] = state
-        for part in batch_parts(msgs, BATCH_PART_TOKENS):
-            self.to_scheduler.send(encode(part[0] if len(part) == 1 else BatchGenerateReq(part)))
+        for payload in payloads:
+            self.to_scheduler.send(payload)
         return states
 
     async def collect(self, states: list[ReqState]) -> list[dict[str, Any]]:
         for state in states:
             while not state.finished:
                 await self._wait(state)
-        return [build_output(self.tokenizer, s, final=True) for s in states]
+        return [await self._output(s, final=True) for s in states]
+
+    async def _output(self, state: ReqState, final: bool) -> dict[str, Any]:
+        """build_output, on a tokenizer thread when it decodes logprob token texts (a prompt's
+        input logprobs may be many thousands); the pieces are taken here, on the loop."""
+        if not (state.spec.return_logprob and state.spec.return_text_in_logprobs):
+            return build_output(self.tokenizer, state, final)
+        pieces, state.pieces = state.pieces, []
+        return await self.run_blocking(build_output, self.tokenizer, state, final, pieces)
 
     async def _stream(self, states: list[ReqState]) -> AsyncGenerator[dict[str, Any], None]:
         pending = list(states)
@@ -221,7 +263,7 @@ class TokenizerManager:
             for state in [s for s in pending if s.pieces]:
                 if state.rejected is not None:
                     raise ValueError(state.rejected)
-                out = build_output(self.tokenizer, state, final=False)
+                out = await self._output(state, final=False)
                 if len(states) > 1:
                     out["index"] = state.out_index
                 yield out
@@ -234,10 +276,20 @@ class TokenizerManager:
         if state.rejected is not None:  # a 400 found by the scheduler (e.g. a grammar refusal)
             raise ValueError(state.rejected)
 
-    def abort(self, rid: str = "", abort_all: bool = False) -> None:
+    def abort(self, rid: str = "", abort_all: bool = False, message: str = "") -> None:
         if self.to_scheduler.closed:  # shut down: a request cancelled after close() has no one
             return  # to tell (its send would fail in a future nobody awaits)
-        self.to_scheduler.send(encode(AbortReq(rid=rid, abort_all=abort_all)))
+        self.to_scheduler.send(encode(AbortReq(rid=rid, abort_all=abort_all, message=message)))
+
+    def stop_accepting(self, reason: str) -> None:
+        """Refuse new requests from now on (RuntimeDown: a 503 saying `reason`); those already
+        sent run on."""
+        self.closing = reason
+
+    @property
+    def in_flight(self) -> int:
+        """Outputs sent and not yet finished."""
+        return len(self.states)
 
     ##### Control #####
 
@@ -300,6 +352,17 @@ class TokenizerManager:
         if self.down is not None:
             raise RuntimeDown(f"weft runtime is down: {self.down}")
 
+    def _raise_if_closed(self) -> None:
+        """For a new request: down, or no longer accepting (shutting down)."""
+        self._raise_if_down()
+        if self.closing is not None:
+            raise RuntimeDown(self.closing)
+
+
+def _aborted(out: dict[str, Any]) -> bool:
+    reason = out["meta_info"].get("finish_reason")
+    return isinstance(reason, dict) and reason.get("type") == "abort"
+
 
 def _prefill_only(spec: PromptSpec) -> PromptSpec:
     params = dataclasses.replace(spec.params, max_new_tokens=0, min_new_tokens=0, n=1)
@@ -311,6 +374,21 @@ def _sample_j(spec: PromptSpec, j: int) -> PromptSpec:
     seed = spec.params.sampling_seed
     params = dataclasses.replace(spec.params, n=1, sampling_seed=None if seed is None else seed + j)
     return dataclasses.replace(spec, params=params)
+
+
+def encode_parts(msgs: list[TokenizedGenerateReq]) -> list[bytes]:
+    """The requests as messages in parts of BATCH_PART_TOKENS, all encoded before any is sent or
+    registered; ValueError when the codec refuses a value (one no check caught: a request must
+    not be left half sent, its rid held by a state no reply will ever end)."""
+    try:
+        return [
+            encode(part[0] if len(part) == 1 else BatchGenerateReq(part))
+            for part in batch_parts(msgs, BATCH_PART_TOKENS)
+        ]
+    except (OverflowError, UnicodeEncodeError, msgspec.EncodeError) as e:
+        raise ValueError(
+            f"the request has a value that cannot be sent to the scheduler: {e}"
+        ) from e
 
 
 def batch_parts(

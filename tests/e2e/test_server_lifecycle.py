@@ -1,5 +1,5 @@
-"""`weft serve` process lifetime on a tiny model: 503 until ready, API key, SIGTERM leaves no child,
-a dead child stops the server with a non-zero exit."""
+"""`weft serve` process lifetime on a tiny model: 503 until ready, API key (never shown), SIGTERM
+leaves no child, a bad model path. (A dead child: tests/reliability/test_child_kill.py.)"""
 
 from __future__ import annotations
 
@@ -62,25 +62,16 @@ def test_api_key_is_enforced(tiny_model_dir: Path, tmp_path: Path) -> None:
             f"{srv.url}/generate", json=body, headers={"Authorization": "Bearer sekrit"}, timeout=60
         )
         assert good.status_code == 200
+        auth = {"Authorization": "Bearer sekrit"}
+        for path in ("/server_info", "/get_server_info"):
+            info = httpx.get(f"{srv.url}{path}", headers=auth, timeout=30)
+            assert info.status_code == 200 and "sekrit" not in info.text
+        basic = httpx.get(f"{srv.url}/v1/models", headers={"Authorization": "sekrit"})
+        assert basic.status_code == 401  # only OpenAI's "Bearer <key>"
     finally:
         srv.stop()
-
-
-def test_dead_child_stops_the_server_nonzero(tiny_model_dir: Path, tmp_path: Path) -> None:
-    srv = start(tiny_model_dir, tmp_path)
-    try:
-        srv.wait_ready()
-        pid = httpx.get(f"{srv.url}/server_info").json()["scheduler_pid"]
-        kids = children_of(srv.proc.pid)
-        psutil.Process(pid).kill()
-        code = srv.proc.wait(30)
-    finally:
-        srv.stop()
-    assert code != 0
     log = srv.log_path.read_text()
-    assert "scheduler process exited" in log, log
-    time.sleep(0.5)
-    assert not [k for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
+    assert "sekrit" not in log and "$WEFT_API_KEY" in log, log
 
 
 def test_bad_model_path_exits_with_the_reason(tmp_path: Path) -> None:

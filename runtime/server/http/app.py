@@ -1,5 +1,5 @@
-"""The HTTP app: start-up in the background (/health is 503 until ready), auth, the error handlers
-(SGLang's shape on native routes, OpenAI's on /v1), and the routers."""
+"""The HTTP app: start-up in the background (/health is 503 until ready), the middlewares (auth, body
+cap, shutdown), the error handlers (SGLang's shape on native routes, OpenAI's on /v1), the routers."""
 
 from __future__ import annotations
 
@@ -7,40 +7,25 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from weft.runtime.server.generate_input import GenerateInput
 from weft.runtime.server.http import metrics, native, openai_api, openai_chat
-from weft.runtime.server.http.errors import BadRequest, describe_validation, error_response
-from weft.runtime.server.http.state import AppState, ServerConfig
+from weft.runtime.server.http.errors import (
+    BadRequest,
+    add_routing_error_handlers,
+    describe_validation,
+    error_response,
+)
+from weft.runtime.server.http.middleware import ApiKeyMiddleware, GuardMiddleware
+from weft.runtime.server.http.state import AppState, ClientGone, ServerConfig
 from weft.runtime.server.launch import start_runtime
 from weft.runtime.server.tokenizer_manager import RuntimeDown, TokenizerManager
 
 logger = logging.getLogger("weft.server")
-
-OPEN_PATHS = {"/health"}  # answered without the API key
-
-
-class ApiKeyMiddleware:
-    """401 unless `Authorization: Bearer <key>`. A plain ASGI middleware: Starlette's
-    BaseHTTPMiddleware would hide client disconnects from the routes (no abort on disconnect)."""
-
-    def __init__(self, app: Any, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            headers = dict(scope.get("headers") or [])
-            if headers.get(b"authorization", b"") != self.expected:
-                response = JSONResponse({"error": "Unauthorized"}, status_code=401)
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def create_app(config: ServerConfig, start: bool = True) -> FastAPI:
@@ -62,6 +47,8 @@ def create_app(config: ServerConfig, start: bool = True) -> FastAPI:
 
     if config.api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    # added last, so outermost: a body too large or a request while draining never gets further
+    app.add_middleware(GuardMiddleware, state=state, max_bytes=config.max_request_bytes)
 
     @app.exception_handler(ValueError)
     async def value_error(request: Request, exc: ValueError) -> JSONResponse:
@@ -77,6 +64,12 @@ def create_app(config: ServerConfig, start: bool = True) -> FastAPI:
     async def runtime_down(request: Request, exc: RuntimeDown) -> JSONResponse:
         return error_response(request, str(exc), 503)
 
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> Response:
+        logger.info("client disconnected: %s %s (its requests aborted)", request.method, exc)
+        return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
+
+    add_routing_error_handlers(app)
     for routes in (native, openai_api, openai_chat, metrics):
         app.include_router(routes.router)
     return app
@@ -86,7 +79,7 @@ async def _start(state: AppState) -> None:
     try:
         engine = state.config.engine
         logger.info("loading %s", engine.model or "the packaged SmolLM2-135M-Instruct")
-        state.runtime = await start_runtime(engine)
+        state.runtime = await start_runtime(engine, state.config.limits)
         state.runtime.manager.observers.append(state.metrics.observe)
         info = state.runtime.server_info
         logger.info(

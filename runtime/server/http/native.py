@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, fields
 from importlib.metadata import version
@@ -14,7 +15,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from weft.runtime.server.chat import chat_text, normalize_messages
 from weft.runtime.server.generate_input import GenerateInput
-from weft.runtime.server.http.responses import held_stream, unenforced_headers
+from weft.runtime.server.http.responses import (
+    held_stream,
+    log_stream_disconnect,
+    unenforced_headers,
+)
 from weft.runtime.server.http.state import AppState, read_json, state_of, until_done_or_disconnect
 from weft.runtime.server.tokenizer_manager import RuntimeDown
 
@@ -87,8 +92,17 @@ async def _sse(
                 event = {**event, "index": index}
             yield f"data: {json.dumps(event)}\n\n".encode()
     except (RuntimeDown, ValueError) as e:
-        err = {"message": str(e), "type": "invalid_request_error", "code": 400, "retryable": False}
+        down = isinstance(e, RuntimeDown)  # the runtime died or stops: the server's fault, a 503
+        err = {
+            "message": str(e),
+            "type": "service_unavailable" if down else "invalid_request_error",
+            "code": 503 if down else 400,
+            "retryable": down,
+        }
         yield f"data: {json.dumps({'error': err})}\n\n".encode()
+    except (asyncio.CancelledError, GeneratorExit):
+        log_stream_disconnect("/generate")
+        raise
     yield b"data: [DONE]\n\n"
 
 
@@ -171,6 +185,8 @@ async def server_info(request: Request) -> dict[str, Any]:
 
 @router.api_route("/flush_cache", methods=["GET", "POST"])
 async def flush_cache(request: Request, timeout: float = 0.0) -> Response:
+    if not math.isfinite(timeout):
+        raise ValueError(f"timeout must be a finite number of seconds, got {timeout}")
     manager = state_of(request).manager
     deadline = asyncio.get_running_loop().time() + max(timeout, 0.0)
     while True:
@@ -204,15 +220,16 @@ async def tokenize(request: Request) -> dict[str, Any]:
     add_special = body.get("add_special_tokens", True) if isinstance(body, Mapping) else True
     if not isinstance(add_special, bool):
         raise ValueError("add_special_tokens must be a boolean")
+    run = state_of(request).manager.run_blocking
     if isinstance(prompt, str):
-        tokens = tokenizer.encode(prompt, add_special_tokens=add_special)
+        tokens = await run(tokenizer.encode, prompt, add_special_tokens=add_special)
         return {
             "tokens": tokens,
             "count": len(tokens),
             "max_model_len": state_of(request).rt.info.context_len,
         }
     if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        lists = [tokenizer.encode(p, add_special_tokens=add_special) for p in prompt]
+        lists = [await run(tokenizer.encode, p, add_special_tokens=add_special) for p in prompt]
         return {
             "tokens": lists,
             "count": [len(t) for t in lists],
@@ -234,7 +251,8 @@ async def detokenize(request: Request) -> dict[str, Any]:
     bad = [t for t in tokens if not 0 <= t < rt.info.vocab_size]
     if bad:
         raise ValueError(f"token id {bad[0]} is out of the vocabulary (size {rt.info.vocab_size})")
-    return {"text": tokenizer.decode(tokens, skip_special_tokens=False)}
+    text = await state.manager.run_blocking(tokenizer.decode, tokens, skip_special_tokens=False)
+    return {"text": text}
 
 
 @router.post("/apply_chat_template")
@@ -254,7 +272,9 @@ async def apply_chat_template(request: Request) -> dict[str, Any]:
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise ValueError("tools must be a list of tool definitions")
-    text = chat_text(
+    run = state.manager.run_blocking
+    text = await run(
+        chat_text,
         tokenizer,
         messages,
         chat_template=state.chat_template,
@@ -262,4 +282,5 @@ async def apply_chat_template(request: Request) -> dict[str, Any]:
         add_generation_prompt=add_gen,
         continue_final_message=cont,
     )
-    return {"text": text, "input_ids": tokenizer.encode(text, add_special_tokens=False)}
+    ids = await run(tokenizer.encode, text, add_special_tokens=False)
+    return {"text": text, "input_ids": ids}

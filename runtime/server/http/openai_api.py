@@ -107,12 +107,12 @@ async def completions(request: Request) -> Response:
     )
     manager = state.manager
     states = await manager.submit(obj)
-    echoes = [_prompt_text(state, p) for p in prompts] if req.echo else []
+    echoes = [await _prompt_text(state, p) for p in prompts] if req.echo else []
     head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": req.model}
     if req.stream:
         results, headers = await held_stream(request, manager, states)
         chunks = _completion_chunks(state, req, results, head, echoes)
-        return openai_stream(chunks, headers)
+        return openai_stream(chunks, headers, "/v1/completions")
     outs = await collect(request, manager, states)
     choices, metas = [], {}
     for k, out in enumerate(outs):
@@ -137,10 +137,11 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[Any]
     return items
 
 
-def _prompt_text(state: AppState, prompt: str | list[int]) -> str:
+async def _prompt_text(state: AppState, prompt: str | list[int]) -> str:
     if isinstance(prompt, str):
         return prompt
-    return str(state.rt.tokenizer.decode(prompt, skip_special_tokens=False))
+    decode = state.rt.tokenizer.decode
+    return str(await state.manager.run_blocking(decode, prompt, skip_special_tokens=False))
 
 
 async def _completion_chunks(
@@ -209,7 +210,25 @@ async def v1_request(request: Request, cls: type[R]) -> tuple[AppState, R]:
         raise BadRequest(
             "stream_options is only allowed when stream is true", 400, "stream_options"
         )
+    _check_limits(state, req)
     return state, req
+
+
+def _check_limits(state: AppState, req: CompletionRequest | ChatCompletionRequest) -> None:
+    """n and the top logprobs against the server's caps (--max-n, --max-top-logprobs): a 400
+    naming the OpenAI field."""
+    limits = state.config.limits
+    name = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
+    top = getattr(req, name)
+    try:
+        limits.check_n(req.n)
+    except ValueError as e:
+        raise BadRequest(str(e), 400, "n") from None
+    try:
+        if top is not None:
+            limits.check_top_logprobs(top, name)
+    except ValueError as e:
+        raise BadRequest(str(e), 400, name) from None
 
 
 def usage(

@@ -72,7 +72,8 @@ async def chat_completions(request: Request) -> Response:
     messages = normalize_messages(req.messages)
     tool_format, markers_special = _tool_format(state)
     plan = req.tool_plan(tool_format)
-    prompt = render_chat(
+    prompt = await state.manager.run_blocking(
+        render_chat,
         rt.tokenizer,
         messages,
         state.chat_template,
@@ -110,7 +111,8 @@ async def chat_completions(request: Request) -> Response:
     if req.stream:
         head["object"] = "chat.completion.chunk"
         results, headers = await held_stream(request, manager, states)
-        return openai_stream(_chat_chunks(state, req, plan, results, head), headers)
+        chunks = _chat_chunks(state, req, plan, results, head)
+        return openai_stream(chunks, headers, "/v1/chat/completions")
     outs = await collect(request, manager, states)
     choices, metas = [], {}
     for k, out in enumerate(outs):

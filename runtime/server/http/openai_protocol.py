@@ -93,7 +93,7 @@ class _Common(_Strict):
     """Fields shared by both endpoints: OpenAI's, then SGLang's extensions (sent at top level)."""
 
     model: str = "default"
-    n: int = Field(1, ge=1, le=128)
+    n: int = Field(1, ge=1)  # capped by weft serve --max-n
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -181,7 +181,7 @@ class CompletionRequest(_Common):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, gt=0)  # null: up to the context length
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0)  # capped by weft serve --max-top-logprobs
     best_of: int | None = Field(None, ge=1)
     suffix: Any = None
 
@@ -191,7 +191,7 @@ class ChatCompletionRequest(_Common):
     max_tokens: int | None = Field(None, gt=0)  # deprecated by OpenAI for max_completion_tokens
     max_completion_tokens: int | None = Field(None, gt=0)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0)  # capped by --max-top-logprobs
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -15,6 +17,8 @@ from weft.runtime.server.output import ReqState
 from weft.runtime.server.tokenizer_manager import RuntimeDown, TokenizerManager
 
 UNENFORCED_HEADER = "X-Weft-Unenforced-Keywords"
+
+logger = logging.getLogger("weft.server")
 
 T = TypeVar("T")
 
@@ -67,13 +71,21 @@ async def hold_until_first(
     return head, _replay(head, events)
 
 
+def log_stream_disconnect(path: str) -> None:
+    """One line for a client that left mid-stream (the stream's clean-up aborts its requests)."""
+    logger.info("client disconnected mid-stream: POST %s (its requests aborted)", path)
+
+
 def openai_stream(
-    chunks: AsyncGenerator[dict[str, Any], None], headers: dict[str, str]
+    chunks: AsyncGenerator[dict[str, Any], None], headers: dict[str, str], path: str
 ) -> StreamingResponse:
-    return StreamingResponse(_openai_sse(chunks), media_type="text/event-stream", headers=headers)
+    events = _openai_sse(chunks, path)
+    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
 
-async def _openai_sse(chunks: AsyncGenerator[dict[str, Any], None]) -> AsyncGenerator[bytes, None]:
+async def _openai_sse(
+    chunks: AsyncGenerator[dict[str, Any], None], path: str
+) -> AsyncGenerator[bytes, None]:
     """SSE framing; an error after the stream started is sent as an OpenAI error event."""
     try:
         async with aclosing(chunks) as events:
@@ -84,6 +96,9 @@ async def _openai_sse(chunks: AsyncGenerator[dict[str, Any], None]) -> AsyncGene
         kind = "internal_error" if code >= 500 else "invalid_request_error"
         err = {"message": str(e), "type": kind, "param": None, "code": code}
         yield f"data: {json.dumps({'error': err})}\n\n".encode()
+    except (asyncio.CancelledError, GeneratorExit):
+        log_stream_disconnect(path)
+        raise
     yield b"data: [DONE]\n\n"
 
 

@@ -1,20 +1,32 @@
-"""`weft serve`: run the HTTP server (uvicorn) until SIGINT/SIGTERM or a child process dies."""
+"""`weft serve`: run the HTTP server (uvicorn) until a signal or a child process's death stops it.
+
+The first SIGTERM/SIGINT drains (new requests get 503, those in flight get --shutdown-timeout
+seconds, then are aborted) and exits 0; a second one exits at once with code 1, its child
+processes terminated."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 
 from weft.runtime.server.http.app import create_app
-from weft.runtime.server.http.state import ServerConfig
+from weft.runtime.server.http.shutdown import drain
+from weft.runtime.server.http.state import AppState, ServerConfig
 
 logger = logging.getLogger("weft.server")
+
+FORCED_EXIT_CODE = 1  # a second signal: the exit is not clean (requests cut, no drain)
+CONNECTION_CLOSE_S = 3.0  # uvicorn's wait for connections once the drain is done
+FORCED_CHILD_GRACE_S = 1.0  # a second signal: children get this long after SIGTERM, then SIGKILL
 
 
 def setup_logging(level: str) -> None:
@@ -28,35 +40,80 @@ def setup_logging(level: str) -> None:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn re-raises SIGINT/SIGTERM after its graceful shutdown, so the process would die by
-    the signal; we stop on them ourselves and exit 0 (1 when the runtime failed)."""
+    """uvicorn's own handling of SIGINT/SIGTERM closes the listening socket at once (new requests
+    see a refused connection, not a 503), waits without limit for open connections and re-raises
+    the signal; we drain first (weft.runtime.server.http.shutdown) and exit 0."""
+
+    def __init__(self, config: uvicorn.Config, state: AppState, shutdown_timeout: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.shutdown_timeout = shutdown_timeout
+        self.signals = 0
+        self.drain_task: asyncio.Task[None] | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        def stop(signum: int, frame: object) -> None:
-            logger.info("received %s: shutting down", signal.Signals(signum).name)
-            if self.should_exit:
-                self.force_exit = True
-            self.should_exit = True
+        loop = asyncio.get_running_loop()
 
-        old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        def on_signal(signum: int, frame: object) -> None:
+            name = signal.Signals(signum).name
+            self.signals += 1
+            if self.signals > 1:
+                logger.error(
+                    "received %s again: exiting now (code %d), child processes terminated",
+                    name,
+                    FORCED_EXIT_CODE,
+                )
+                self._exit_now()
+            logger.info(
+                "received %s: shutting down (no new requests; those in flight have %.1f s; "
+                "a second signal exits at once)",
+                name,
+                self.shutdown_timeout,
+            )
+            loop.call_soon_threadsafe(self._start_drain)
+
+        old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
 
+    def _start_drain(self) -> None:
+        if self.drain_task is None:
+            self.drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            await drain(self.state, self.shutdown_timeout)
+        finally:
+            self.should_exit = True
+
+    def _exit_now(self) -> None:
+        runtime = self.state.runtime
+        if runtime is not None:
+            runtime.children.shutdown(grace=FORCED_CHILD_GRACE_S)
+        logging.shutdown()
+        os._exit(FORCED_EXIT_CODE)
+
 
 def run_server(config: ServerConfig) -> int:
     """Serve until stopped; the exit code is 0 for a requested stop, 1 if the runtime failed."""
     setup_logging(config.engine.log_level)
     app = create_app(config)
-    server = _Server(
-        uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", lifespan="on")
+    uv_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=int(CONNECTION_CLOSE_S),
     )
-    state = app.state.weft
+    state: AppState = app.state.weft
+    server = _Server(uv_config, state, config.shutdown_timeout)
 
-    def stop(reason: str) -> None:
+    def stop(reason: Any) -> None:
         server.should_exit = True
 
     state.on_fatal.append(stop)
@@ -76,14 +133,18 @@ def _freeze_startup_objects() -> None:
 
 
 def _print_examples(config: ServerConfig) -> None:
+    """How to call the server; with --api-key, the key is never printed (read from the shell)."""
     url = f"http://{config.host}:{config.port}"
-    auth = f' -H "Authorization: Bearer {config.api_key}"' if config.api_key else ""
-    key = config.api_key or "none"
+    auth = ' -H "Authorization: Bearer $WEFT_API_KEY"' if config.api_key else ""
+    key = "os.environ['WEFT_API_KEY']" if config.api_key else "'none'"
+    imports = "import os; " if config.api_key else ""
+    note = "  (export WEFT_API_KEY=<the --api-key value> first)\n" if config.api_key else ""
     print(
-        f"\nweft is serving {config.model_name} at {url}\n"
+        f"\nweft is serving {config.model_name} at {url}\n{note}"
         f"  curl {url}/generate{auth} -H 'Content-Type: application/json' "
         f"""-d '{{"text": "The capital of France is", "sampling_params": {{"max_new_tokens": 16}}}}'\n"""
-        f"  python -c \"from openai import OpenAI; c = OpenAI(base_url='{url}/v1', api_key='{key}'); "
+        f'  python -c "{imports}from openai import OpenAI; '
+        f"c = OpenAI(base_url='{url}/v1', api_key={key}); "
         f"print(c.chat.completions.create(model='{config.model_name}', "
         f"messages=[{{'role': 'user', 'content': 'Hi!'}}]).choices[0].message.content)\"\n",
         file=sys.stderr,
