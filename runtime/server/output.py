@@ -11,6 +11,7 @@ from typing import Any
 from weft.runtime.ipc.messages import StrOut
 from weft.runtime.server.generate_input import PromptSpec
 
+WEIGHT_VERSION = "default"  # weights never change while serving (what /model_info says too)
 _LOGPROB_FIELDS = (
     ("input_token_logprobs", "input_logprobs", False),
     ("output_token_logprobs", "output_logprobs", False),
@@ -39,6 +40,7 @@ class ReqState:
     first_token_at: float | None = None
     last_token_at: float | None = None
     rejected: str | None = None  # the scheduler refused the request itself (e.g. bad grammar)
+    output_logprobs_sent: int = 0  # output logprob entries built so far (all outputs, streamed)
 
     def add(self, out: StrOut, now: float) -> None:
         """Take one piece: its new text and ids, the token times, the finish (if it is one)."""
@@ -74,11 +76,14 @@ def build_output(
         output_ids = [t for p in pieces for t in p.token.new_ids]
     meta: dict[str, Any] = state.meta
     meta["id"] = state.rid
+    meta.setdefault("weight_version", WEIGHT_VERSION)
+    meta.setdefault("reasoning_tokens", 0)  # no reasoning parser on /generate (as SGLang without)
     if last is not None:
         meta["finish_reason"] = last.finish.to_dict() if last.finish else None
         meta["prompt_tokens"] = last.prompt_tokens
         meta["completion_tokens"] = last.completion_tokens
         meta["cached_tokens"] = last.cached_tokens
+        meta["num_retractions"] = last.retractions
         if last.unenforced:
             meta["unenforced_keywords"] = list(last.unenforced)
     meta.setdefault("finish_reason", None)
@@ -101,6 +106,11 @@ def build_output(
                 meta[key] = meta.get(key, []) + new
             else:
                 meta[key] = new
+            if key == "output_token_logprobs":
+                state.output_logprobs_sent += len(new)
+        # SGLang's count of the output logprobs so far: == completion_tokens, also on a stream
+        # whose chunks carry only their own tokens' entries
+        meta["output_token_logprobs_length"] = state.output_logprobs_sent
     if tokenizer is None:
         return {"output_ids": list(output_ids), "meta_info": dict(meta)}
     return {"text": text, "output_ids": list(output_ids), "meta_info": dict(meta)}
