@@ -4,6 +4,7 @@ from it (text, output_ids, meta_info with lengths, finish reason and logprobs)."
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,4 +123,10 @@ def _entries(tokenizer: Any, rows: list[Any], with_text: bool) -> list[tuple[Any
     texts: list[str | None] = [None] * len(rows)
     if with_text:
         texts = list(tokenizer.batch_decode([[int(r[1])] for r in rows]))
-    return [(r[0], int(r[1]), t) for r, t in zip(rows, texts, strict=True)]
+    return [(_finite(r[0]), int(r[1]), t) for r, t in zip(rows, texts, strict=True)]
+
+
+def _finite(logprob: float | None) -> float | None:
+    """A token a grammar or min_new_tokens rules out has logprob -inf, which JSON cannot carry:
+    it is null, as SGLang's orjson writes it."""
+    return logprob if logprob is not None and math.isfinite(logprob) else None

@@ -136,3 +136,15 @@ def test_client_merges_per_event_and_repeated_output_logprobs() -> None:
         event = {"output_token_logprobs": [[-1.0, t, None] for t in range(k)]}
         repeated = merge_stream_meta(repeated, {**event, "output_token_logprobs_length": k})
     assert [e[1] for e in repeated["output_token_logprobs"]] == [0, 1, 2, 3]
+
+
+def test_ruled_out_tokens_have_null_logprobs() -> None:
+    """A token a grammar masks has logprob -inf (asked for by token_ids_logprob, or a top-k
+    wider than what the grammar allows): null in the JSON, as SGLang's orjson writes it."""
+    state = _state(top=2)
+    piece = _piece([21], 1, first=True, last=True)
+    piece.token.output_top_logprobs = [[(-0.1, 21), (float("-inf"), 5)]]
+    state.add(piece, 0.0)
+    meta = build_output(None, state, final=True)["meta_info"]
+    assert meta["output_top_logprobs"] == [[(-0.1, 21, None), (None, 5, None)]]
+    json.dumps(meta, allow_nan=False)  # what the HTTP reply needs
