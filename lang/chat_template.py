@@ -32,6 +32,7 @@ class ChatTemplate:
         self._render = render
         self._auto_prefix = auto_prefix
         self._cache: dict[tuple[tuple[str, ...], str], tuple[str, str]] = {}
+        self._default_system: dict[str, str | None] = {}
         self._lock = threading.RLock()
 
     def prefix(self, history: tuple[str, ...], role: str) -> str:
@@ -47,6 +48,32 @@ class ChatTemplate:
         """The stop string that ends an assistant turn (e.g. `<|im_end|>`), if the template
         has one: the assistant suffix without its whitespace."""
         return self.suffix(("user",), "assistant").strip() or None
+
+    def default_system(self, role: str) -> str | None:
+        """The system message the template writes by itself when a conversation starts with a
+        `role` message (SmolLM2's "You are a helpful AI assistant named SmolLM, ..."), or None:
+        the content c for which [system: c, role: S] renders exactly as [role: S] does."""
+        with self._lock:
+            if role not in self._default_system:
+                self._default_system[role] = None if role == "system" else self._find_default(role)
+            return self._default_system[role]
+
+    def _find_default(self, role: str) -> str | None:
+        sentinel, content = _sentinel(0), _sentinel(1)
+        alone = self._render([{"role": role, "content": content}], False)
+        try:
+            with_system = self._render(
+                [{"role": "system", "content": sentinel}, {"role": role, "content": content}], False
+            )
+        except Exception:  # noqa: BLE001 - a template that refuses system messages adds none
+            return None
+        head, _, tail = with_system.partition(sentinel)
+        fits = len(head) + len(tail) < len(alone)
+        if not (fits and alone.startswith(head) and alone.endswith(tail)):
+            return None
+        found = alone[len(head) : len(alone) - len(tail)]
+        explicit = [{"role": "system", "content": found}, {"role": role, "content": content}]
+        return found if self._render(explicit, False) == alone else None
 
     def _split(self, history: tuple[str, ...], role: str) -> tuple[str, str]:
         key = (history, role)

@@ -27,7 +27,7 @@ from weft.lang.ir import (
     VarScopeBegin,
     VarScopeEnd,
     flatten,
-    produced_name,
+    produced,
 )
 from weft.lang.params import SamplingArgs, resolve
 
@@ -49,23 +49,25 @@ class StreamExecutor:
         self.stream = stream
         self.cond = threading.Condition()  # guards everything below; notified on every change
         self.text = ""
-        self.variables: dict[str, Any] = {}
-        self.meta_info: dict[str, Any] = {}
-        self.schemas: dict[str, Any] = {}  # variable -> pydantic class of its json_schema gen
+        # variables by name; None holds the latest unnamed gen or select (as in SGLang)
+        self.variables: dict[str | None, Any] = {}
+        self.meta_info: dict[str | None, Any] = {}
+        self.schemas: dict[str | None, Any] = {}  # variable -> pydantic class of its json gen
         self.messages: list[dict[str, str]] = []
         self.role: str | None = None
         self.role_start = 0
         self.history: tuple[str, ...] = ()  # roles of the finished messages
         self.scopes: dict[str, int] = {}
-        self.partial: dict[str, str] = {}  # text so far of variables being streamed
-        self.set_names: list[str] = []  # variables set by this state (not inherited): for join
+        self.partial: dict[str | None, str] = {}  # text so far of variables being streamed
+        self.partial_meta: dict[str | None, dict[str, Any]] = {}  # and their meta so far
+        self.set_names: list[str | None] = []  # variables this state set (not inherited): join
         self.error: BaseException | None = None
         self.finished = False
         self.fork_start = 0  # text and messages at the fork (a branch's own part starts there)
         self.fork_messages = 0
         self.children: list[StreamExecutor] = []
-        self._pending: dict[str, int] = {}  # variable -> submitted producers not yet done
-        self._dropped: set[str] = set()  # variables whose producer failed or was dropped
+        self._pending: dict[str | None, int] = {}  # variable -> submitted producers not done
+        self._dropped: set[str | None] = set()  # variables whose producer failed or was dropped
         self._submit_role: str | None = None  # the role open as seen by the program body
         if parent is not None:
             self._copy_from(parent)
@@ -101,18 +103,16 @@ class StreamExecutor:
         self._submit_role = role
         with self.cond:
             for leaf in leaves:
-                name = produced_name(leaf)
-                if name is not None:
+                for name in produced(leaf):
                     self._pending[name] = self._pending.get(name, 0) + 1
         self._queue.put(Concat(tuple(leaves)) if len(leaves) != 1 else leaves[0])
 
-    def get_var(self, name: str) -> Any:
+    def get_var(self, name: str | None) -> Any:
         with self.cond:
             known = name in self.variables or name in self._dropped
             if not known and not self._pending.get(name):
-                raise KeyError(
-                    f"no variable {name!r} in this program (known: {sorted(self.variables)})"
-                )
+                names = sorted(n for n in self.variables if n is not None)
+                raise KeyError(f"no variable {name!r} in this program (known: {names})")
             self.cond.wait_for(lambda: not self._pending.get(name))
             if name in self.variables:
                 return self.variables[name]
@@ -120,11 +120,11 @@ class StreamExecutor:
             f"variable {name!r} was never set: the program failed: {self.error!r}"
         ) from self.error
 
-    def is_pending(self, name: str) -> bool:
+    def is_pending(self, name: str | None) -> bool:
         """Whether a submitted node that sets `name` is not done yet (the caller holds cond)."""
         return bool(self._pending.get(name))
 
-    def set_var(self, name: str, value: Any) -> None:
+    def set_var(self, name: str | None, value: Any) -> None:
         with self.cond:
             self._set(name, value, None)
 
@@ -165,7 +165,7 @@ class StreamExecutor:
         for child in children:
             child.sync()
         self.sync()
-        names: list[str] = []
+        names: list[str | None] = []
         for child in children:
             names += [n for n in child.set_names if n not in names]
         if concat and any(child.role != self.role for child in children):
@@ -218,8 +218,7 @@ class StreamExecutor:
     def _release(self, node: Node, done: bool) -> None:
         with self.cond:
             for leaf in flatten(node):
-                name = produced_name(leaf)
-                if name is not None:
+                for name in produced(leaf):
                     self._pending[name] -= 1
                     if not done and name not in self.variables:
                         self._dropped.add(name)
@@ -234,10 +233,7 @@ class StreamExecutor:
             elif isinstance(leaf, Select):
                 self._select(leaf)
             elif isinstance(leaf, RoleBegin):
-                prefix = self.backend.chat_template().prefix(self.history, leaf.role)
-                self._append(prefix)
-                with self.cond:
-                    self.role, self.role_start = leaf.role, len(self.text)
+                self._role_begin(leaf.role)
             elif isinstance(leaf, RoleEnd):
                 self._role_end(leaf.role)
             elif isinstance(leaf, VarScopeBegin):
@@ -248,10 +244,24 @@ class StreamExecutor:
             else:
                 raise TypeError(f"cannot execute a {type(leaf).__name__} node")
 
+    def _role_begin(self, role: str) -> None:
+        """Open a message. A conversation that starts without a system message gets the one the
+        chat template adds by itself as a message of its own (as SGLang inserts its template's
+        default system prompt): the text is the same, and messages() shows it."""
+        template = self.backend.chat_template()
+        default_system = None if self.history else template.default_system(role)
+        if default_system is not None:
+            self._role_begin("system")
+            self._append(default_system)
+            self._role_end("system")
+        self._append(template.prefix(self.history, role))
+        with self.cond:
+            self.role, self.role_start = role, len(self.text)
+
     def _role_end(self, role: str) -> None:
         suffix = self.backend.chat_template().suffix(self.history, role)
         with self.cond:
-            content = self.text[self.role_start :]
+            content = self.text[self.role_start :].lstrip()  # as SGLang records it
             self.text += suffix
             self.messages.append({"role": role, "content": content})
             self.history += (role,)
@@ -275,8 +285,8 @@ class StreamExecutor:
                 meta = delta.meta_info or meta
                 with self.cond:
                     self.text += delta.text
-                    if node.name is not None:
-                        self.partial[node.name] = "".join(parts)
+                    self.partial[node.name] = "".join(parts)
+                    self.partial_meta[node.name] = meta
                     self.cond.notify_all()
             values: Any = "".join(parts)
             metas: Any = meta
@@ -285,26 +295,25 @@ class StreamExecutor:
             self._append(comps[0].text)
             values = comps[0].text if args.n == 1 else [c.text for c in comps]
             metas = comps[0].meta_info if args.n == 1 else [c.meta_info for c in comps]
-        if node.name is not None:
-            with self.cond:
-                self.partial.pop(node.name, None)
-                self.schemas[node.name] = node.params.schema_model
-                self._set(node.name, values, metas)
+        with self.cond:
+            self.partial.pop(node.name, None)
+            self.partial_meta.pop(node.name, None)
+            self.schemas[node.name] = node.params.schema_model
+            self._set(node.name, values, metas)
 
     def _select(self, node: Select) -> None:
         req = SelectRequest(self._context(), node.choices, node.temperature, node.method)
         decision = self.backend.select(req)
         self._append(decision.decision)
-        if node.name is not None:
-            with self.cond:
-                self._set(node.name, decision.decision, decision.meta_info)
+        with self.cond:
+            self._set(node.name, decision.decision, decision.meta_info)
 
     def _append(self, text: str) -> None:
         with self.cond:
             self.text += text
             self.cond.notify_all()
 
-    def _set(self, name: str, value: Any, meta: Any) -> None:
+    def _set(self, name: str | None, value: Any, meta: Any) -> None:
         """Set a variable (the caller holds `cond`)."""
         self.variables[name] = value
         if meta is not None:

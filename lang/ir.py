@@ -135,10 +135,9 @@ def flatten(node: Node) -> Iterator[Node]:
         yield node
 
 
-def produced_name(node: Node) -> str | None:
-    """The variable a leaf node sets, if any."""
-    if isinstance(node, (Gen, Select)):
-        return node.name
-    if isinstance(node, VarScopeEnd):
-        return node.name
-    return None
+def produced(node: Node) -> tuple[str | None, ...]:
+    """The variable a leaf node sets: () or a 1-tuple. An unnamed gen or select sets the
+    variable None, as in SGLang's interpreter (`s[None]` is the latest unnamed one)."""
+    if isinstance(node, (Gen, Select, VarScopeEnd)):
+        return (node.name,)
+    return ()

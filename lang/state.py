@@ -76,28 +76,29 @@ class ProgramState(RoleMethods):
         self._ex.submit(to_node(other))
         return self
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str | None) -> Any:
         return self._ex.get_var(name)
 
-    def __setitem__(self, name: str, value: Any) -> None:
+    def __setitem__(self, name: str | None, value: Any) -> None:
         self._ex.set_var(name, value)
 
-    def __contains__(self, name: str) -> bool:
+    def __contains__(self, name: str | None) -> bool:
         try:
             self._ex.get_var(name)
         except KeyError:
             return False
         return True
 
-    def get_var(self, name: str) -> Any:
+    def get_var(self, name: str | None) -> Any:
         return self._ex.get_var(name)
 
-    def set_var(self, name: str, value: Any) -> None:
+    def set_var(self, name: str | None, value: Any) -> None:
         self._ex.set_var(name, value)
 
-    def get_meta_info(self, name: str) -> Any:
+    def get_meta_info(self, name: str | None) -> Any:
         """The backend's meta_info of the gen/select that set `name` (a list when n > 1):
-        prompt_tokens, completion_tokens, cached_tokens, finish_reason, logprobs if asked."""
+        prompt_tokens, completion_tokens, cached_tokens, finish_reason, logprobs if asked.
+        None names the latest unnamed gen or select."""
         self._ex.get_var(name)
         return self._ex.meta_info.get(name)
 
@@ -154,39 +155,54 @@ class ProgramState(RoleMethods):
 
     ##### Streaming #####
 
-    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+    def text_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> Iterator[Any]:
         """The program text (or one variable's text) as it is generated. Without stream=True it
-        yields the final value once."""
+        yields the final value once.
+
+        With return_meta_data and a variable, (chunk, meta) pairs as SGLang's text_async_iter
+        gives them: meta is the gen's latest meta_info (completion_tokens so far, ...) whose
+        output logprob lists (output_token_logprobs, output_top_logprobs,
+        output_token_ids_logprobs) hold only the tokens new since the previous chunk; tokens
+        that brought no text ride with the next chunk. The whole text comes as plain chunks."""
         ex = self._ex
+        with_meta = return_meta_data and var_name is not None
         if not ex.stream:
-            yield self.text() if var_name is None else str(self.get_var(var_name))
+            if var_name is None:
+                yield self.text()
+                return
+            value = self.get_var(var_name)
+            yield (value, ex.meta_info.get(var_name)) if with_meta else str(value)
             return
-        pos = 0
+        pos = sent = 0
         while True:
             with ex.cond:
                 ex.cond.wait_for(partial(_ready, ex, var_name, pos))
                 current, done = _source(ex, var_name), _done(ex, var_name)
+                meta = _meta(ex, var_name)
             if len(current) > pos:
-                yield current[pos:]
-                pos = len(current)
+                chunk, pos = current[pos:], len(current)
+                if with_meta:
+                    chunk_meta, sent = chunk_meta_info(meta, sent)
+                    yield chunk, chunk_meta
+                else:
+                    yield chunk
             elif done:
                 return
 
     async def text_async_iter(
         self, var_name: str | None = None, return_meta_data: bool = False
     ) -> AsyncIterator[Any]:
-        """`async for chunk in s.text_async_iter(...)`; with return_meta_data, (chunk, meta)
-        pairs (meta is the variable's meta_info once known, else None)."""
-        it = self.text_iter(var_name)
+        """`async for chunk in s.text_async_iter(...)`: text_iter's chunks (or, with
+        return_meta_data and a variable, its (chunk, meta) pairs) without blocking the loop."""
+        it = self.text_iter(var_name, return_meta_data)
         end = object()
         while True:
-            chunk = await asyncio.to_thread(next, it, end)
-            if chunk is end:
+            item = await asyncio.to_thread(next, it, end)
+            if item is end:
                 return
-            if return_meta_data:
-                yield chunk, self._ex.meta_info.get(var_name) if var_name is not None else None
-            else:
-                yield chunk
+            yield item
 
 
 class ForkedStates:
@@ -199,6 +215,15 @@ class ForkedStates:
 
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
+
+    def __setitem__(self, i: int, value: ProgramState) -> None:
+        """What `forks[i] += expr` ends with (Python stores the item back): the branch itself.
+        A branch cannot be replaced by anything else."""
+        if value is not self.states[i]:
+            raise ValueError(
+                f"forks[{i}] = ...: a branch cannot be replaced; append to it with "
+                f"forks[{i}] += ..."
+            )
 
     def __len__(self) -> int:
         return len(self.states)
@@ -231,6 +256,28 @@ class ForkedStates:
                 f"join: mode must be 'gather_variable' or 'concate_and_append', got {mode!r}"
             )
         self._parent.join([s._ex for s in self.states], concat=mode == "concate_and_append")
+
+
+OUTPUT_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
+
+
+def chunk_meta_info(meta: dict[str, Any] | None, sent: int) -> tuple[dict[str, Any] | None, int]:
+    """(meta with its output logprob lists cut to the entries after the first `sent`, the
+    number of entries it covers up to): the meta of one streamed chunk."""
+    if meta is None:
+        return None, sent
+    out = dict(meta)
+    upto = len(meta.get("output_token_logprobs", ()))
+    for key in OUTPUT_LOGPROB_KEYS:
+        if key in meta:
+            out[key] = list(meta[key][sent:upto])
+    return out, max(upto, sent)
+
+
+def _meta(ex: StreamExecutor, var: str | None) -> Any:
+    if var in ex.partial_meta:
+        return ex.partial_meta[var]
+    return ex.meta_info.get(var)
 
 
 def _ready(ex: StreamExecutor, var: str | None, seen: int) -> bool:

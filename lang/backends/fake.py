@@ -34,6 +34,7 @@ Reply = str | Sequence[str] | BaseException
 DEFAULT_SYSTEM = "You are a helpful assistant."
 EOS = "<|im_end|>"
 MATCH_LOGPROB, OTHER_LOGPROB, UNCOND_LOGPROB = -0.1, -2.0, -1.0
+OUTPUT_LOGPROB = -0.5  # every generated token's logprob
 
 
 def chatml(messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
@@ -81,17 +82,20 @@ class FakeBackend(Backend):
         for j in range(req.args.n):
             text, finish = _apply(samples[j % len(samples)], req.args)
             self._remember(req.ctx.text + text)
-            outs.append(Completion(text, self._meta(req.ctx.text, text, finish, cached)))
+            meta = self._meta(req.ctx.text, text, finish, cached, req.args)
+            outs.append(Completion(text, meta))
         return outs
 
     def generate_stream(self, req: GenRequest) -> Iterator[StreamDelta]:
+        """One token per delta, each with the meta so far (as a server's stream gives it)."""
         (out,) = self.generate(req)
         pieces = tokens(out.text) or [out.text]
         pieces[-1] += out.text[len("".join(pieces)) :]  # keep trailing whitespace
         for i, piece in enumerate(pieces):
             if i and self.delay:
                 time.sleep(self.delay)
-            yield StreamDelta(piece, out.meta_info if i == len(pieces) - 1 else None)
+            last = i == len(pieces) - 1
+            yield StreamDelta(piece, out.meta_info if last else _meta_so_far(out.meta_info, i + 1))
 
     def select(self, req: SelectRequest) -> ChoicesDecision:
         self._record(req)
@@ -170,14 +174,23 @@ class FakeBackend(Backend):
             best = max((_common(toks, seen) for seen in self._cache), default=0)
         return min(best, max(len(toks) - 1, 0))  # the last prompt token is always recomputed
 
-    def _meta(self, prompt: str, text: str, finish: dict[str, Any], cached: int) -> dict[str, Any]:
-        return {
+    def _meta(
+        self, prompt: str, text: str, finish: dict[str, Any], cached: int, args: SamplingArgs
+    ) -> dict[str, Any]:
+        meta: dict[str, Any] = {
             "id": f"fake-{len(self.requests)}",
             "finish_reason": finish,
             "prompt_tokens": len(tokens(prompt)),
             "completion_tokens": len(tokens(text)),
             "cached_tokens": cached,
         }
+        if args.return_logprob:  # output logprobs only, as the default logprob_start_len gives
+            with_text = args.return_text_in_logprobs
+            out = [(OUTPUT_LOGPROB, _token_id(p), p if with_text else None) for p in tokens(text)]
+            meta["input_token_logprobs"] = []
+            meta["output_token_logprobs"] = out
+            meta["output_token_logprobs_length"] = len(out)
+        return meta
 
 
 def _apply(reply: str, args: SamplingArgs) -> tuple[str, dict[str, Any]]:
@@ -209,6 +222,15 @@ def _apply(reply: str, args: SamplingArgs) -> tuple[str, dict[str, Any]]:
         text = "".join(tokens(text)[:limit])
         finish = {"type": "length", "length": limit}
     return text, finish
+
+
+def _meta_so_far(meta: dict[str, Any], n: int) -> dict[str, Any]:
+    """A finished gen's meta as it stood after its first n tokens (unfinished)."""
+    out = {**meta, "finish_reason": None, "completion_tokens": n}
+    if "output_token_logprobs" in meta:
+        out["output_token_logprobs"] = meta["output_token_logprobs"][:n]
+        out["output_token_logprobs_length"] = n
+    return out
 
 
 def _common(a: list[str], b: list[str]) -> int:

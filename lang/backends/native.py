@@ -18,6 +18,7 @@ from weft.lang.backends.base import (
 from weft.lang.chat_template import ChatTemplate
 from weft.lang.choices import ChoicesDecision, LogprobEntry, normalized_logprob
 
+_OUTPUT_KEYS = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs")
 GREEDY_TEMPERATURE = 1e-5  # select scores deterministically: only greedy makes sense
 _LIST_KEYS = (
     "input_token_logprobs",
@@ -157,6 +158,21 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+def merge_stream_meta(total: dict[str, Any], event_meta: dict[str, Any]) -> dict[str, Any]:
+    """The meta so far of a /generate stream, from its latest event. The prompt's lists come
+    whole in every event; the output's lists hold the event's own tokens (weft, and the
+    convention SGLang's frontend reads), or all tokens so far when their length is already
+    output_token_logprobs_length (a server that repeats them)."""
+    merged = dict(event_meta)
+    new = event_meta.get("output_token_logprobs")
+    if new is None or len(new) == event_meta.get("output_token_logprobs_length"):
+        return merged
+    for key in _OUTPUT_KEYS:
+        if key in event_meta:
+            merged[key] = list(total.get(key, [])) + list(event_meta[key])
+    return merged
 
 
 def accumulate_meta(total: dict[str, Any], delta_meta: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from weft.lang.backends.base import BackendError
-from weft.lang.backends.native import NativeBackend
+from weft.lang.backends.native import NativeBackend, merge_stream_meta
 
 
 class RuntimeEndpoint(NativeBackend):
@@ -68,6 +68,7 @@ class RuntimeEndpoint(NativeBackend):
         import httpx
 
         seen = 0
+        meta: dict[str, Any] = {}
         try:
             with self._client.stream("POST", "/generate", json=payload) as resp:
                 if resp.status_code != 200:
@@ -87,7 +88,8 @@ class RuntimeEndpoint(NativeBackend):
                             f"POST /generate (stream): {_message(json.dumps(event))}"
                         )
                     text = event["text"]  # cumulative
-                    yield text[seen:], event["meta_info"]
+                    meta = merge_stream_meta(meta, event["meta_info"])
+                    yield text[seen:], meta
                     seen = len(text)
         except httpx.HTTPError as e:
             raise BackendError(f"POST {self.base_url}/generate failed: {e}") from e

@@ -4,6 +4,7 @@ from it (text, output_ids, meta_info with lengths, finish reason and logprobs)."
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from weft.runtime.ipc.messages import StrOut
 from weft.runtime.server.generate_input import PromptSpec
 
+WEIGHT_VERSION = "default"  # weights never change while serving (what /model_info says too)
 _LOGPROB_FIELDS = (
     ("input_token_logprobs", "input_logprobs", False),
     ("output_token_logprobs", "output_logprobs", False),
@@ -39,6 +41,7 @@ class ReqState:
     first_token_at: float | None = None
     last_token_at: float | None = None
     rejected: str | None = None  # the scheduler refused the request itself (e.g. bad grammar)
+    output_logprobs_sent: int = 0  # output logprob entries built so far (all outputs, streamed)
 
     def add(self, out: StrOut, now: float) -> None:
         """Take one piece: its new text and ids, the token times, the finish (if it is one)."""
@@ -74,11 +77,14 @@ def build_output(
         output_ids = [t for p in pieces for t in p.token.new_ids]
     meta: dict[str, Any] = state.meta
     meta["id"] = state.rid
+    meta.setdefault("weight_version", WEIGHT_VERSION)
+    meta.setdefault("reasoning_tokens", 0)  # no reasoning parser on /generate (as SGLang without)
     if last is not None:
         meta["finish_reason"] = last.finish.to_dict() if last.finish else None
         meta["prompt_tokens"] = last.prompt_tokens
         meta["completion_tokens"] = last.completion_tokens
         meta["cached_tokens"] = last.cached_tokens
+        meta["num_retractions"] = last.retractions
         if last.unenforced:
             meta["unenforced_keywords"] = list(last.unenforced)
     meta.setdefault("finish_reason", None)
@@ -101,6 +107,11 @@ def build_output(
                 meta[key] = meta.get(key, []) + new
             else:
                 meta[key] = new
+            if key == "output_token_logprobs":
+                state.output_logprobs_sent += len(new)
+        # SGLang's count of the output logprobs so far: == completion_tokens, also on a stream
+        # whose chunks carry only their own tokens' entries
+        meta["output_token_logprobs_length"] = state.output_logprobs_sent
     if tokenizer is None:
         return {"output_ids": list(output_ids), "meta_info": dict(meta)}
     return {"text": text, "output_ids": list(output_ids), "meta_info": dict(meta)}
@@ -112,4 +123,10 @@ def _entries(tokenizer: Any, rows: list[Any], with_text: bool) -> list[tuple[Any
     texts: list[str | None] = [None] * len(rows)
     if with_text:
         texts = list(tokenizer.batch_decode([[int(r[1])] for r in rows]))
-    return [(r[0], int(r[1]), t) for r, t in zip(rows, texts, strict=True)]
+    return [(_finite(r[0]), int(r[1]), t) for r, t in zip(rows, texts, strict=True)]
+
+
+def _finite(logprob: float | None) -> float | None:
+    """A token a grammar or min_new_tokens rules out has logprob -inf, which JSON cannot carry:
+    it is null, as SGLang's orjson writes it."""
+    return logprob if logprob is not None and math.isfinite(logprob) else None

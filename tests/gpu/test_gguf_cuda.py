@@ -30,6 +30,7 @@ def _ids() -> dict[str, int]:
 def test_matmul_and_dequantize_at_real_shapes(name: str) -> None:
     from weft.kernels import gguf as kgguf
     from weft.kernels.gguf_gemv import dequantize, matmul
+    from weft.runtime.models.quant.gguf import _dense
 
     ggml_id = _ids()[name]
     gen = torch.Generator(device="cuda").manual_seed(ggml_id)
@@ -47,6 +48,11 @@ def test_matmul_and_dequantize_at_real_shapes(name: str) -> None:
             want = x.float() @ w.bfloat16().float().T + bias.float()
             err = ((out.float() - want).norm() / want.norm()).item()
             assert err < 5e-3, f"{name} [{n} x {k}] rows {rows}: relative error {err:.3g}"
+        # prefill: dense GEMMs over dequantized chunks of rows (gate_up: two chunks)
+        x = torch.randn(100, k, device="cuda", dtype=torch.bfloat16)
+        want = x.float() @ w.bfloat16().float().T + bias.float()
+        err = ((_dense(x, blocks, ggml_id, bias).float() - want).norm() / want.norm()).item()
+        assert err < 5e-3, f"{name} [{n} x {k}] dense: relative error {err:.3g}"
 
 
 def test_lm_head_q6_k() -> None:

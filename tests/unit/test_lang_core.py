@@ -12,6 +12,7 @@ import pytest
 
 import weft
 from weft.lang import FakeBackend, ProgramError
+from weft.lang.backends.fake import DEFAULT_SYSTEM
 from weft.lang.ir import Argument, Constant, Gen, Select
 from weft.lang.program import RUN_DEFAULTS, Program
 from weft.lang.testing import batch_item, fake_backend, few_shot_qa
@@ -140,7 +141,8 @@ def test_with_role_blocks_and_messages(fake: FakeBackend) -> None:
         s.assistant("Hello.")
 
     s = prog.run(backend=fake)
-    assert s.messages() == [
+    assert s.messages() == [  # the template's own system prompt comes first (as in SGLang)
+        {"role": "system", "content": DEFAULT_SYSTEM},
         {"role": "user", "content": "Hi there"},
         {"role": "assistant", "content": "Hello."},
     ]

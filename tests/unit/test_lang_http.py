@@ -117,7 +117,12 @@ def test_runtime_endpoint_cuts_the_bos_its_tokenizer_adds(native: Any) -> None:
     assert s.text().startswith(
         "<|im_start|>system\nYou are a helpful"
     )  # no "<s>": the server adds it
-    assert s.text() == chatml(s.messages(), False)
+    replies = [m["content"] for m in s.messages() if m["role"] == "assistant"]
+    assert replies == ["reply", "reply"]  # the gen's " reply", left-stripped as SGLang records it
+    generated = [
+        {**m, "content": " reply"} if m["role"] == "assistant" else m for m in s.messages()
+    ]
+    assert s.text() == chatml(generated, False)
 
 
 class OpenAIServer:

@@ -21,6 +21,7 @@ from weft.runtime.server.http.responses import (
     unenforced_headers,
 )
 from weft.runtime.server.http.state import AppState, read_json, state_of, until_done_or_disconnect
+from weft.runtime.server.output import WEIGHT_VERSION
 from weft.runtime.server.tokenizer_manager import RuntimeDown
 
 router = APIRouter()
@@ -28,14 +29,10 @@ router = APIRouter()
 _INPUT_FIELDS = {f.name for f in fields(GenerateInput)} - {"extra"}
 _UNSUPPORTED = ("image_data", "video_data", "audio_data", "lora_path", "input_embeds")
 _IGNORED = ("session_id", "priority", "custom_logit_processor", "return_hidden_states", "extra_key")
-_LIST_KEYS = (
-    "input_token_logprobs",
-    "output_token_logprobs",
-    "input_top_logprobs",
-    "output_top_logprobs",
-    "input_token_ids_logprobs",
-    "output_token_ids_logprobs",
-)
+# the prompt's logprob lists: whole in every event of a cumulative stream (they come at once);
+# the output's (output_token_logprobs, ...) are the event's own tokens in either stream mode, with
+# output_token_logprobs_length counting them all, as SGLang's frontend reads them
+_INPUT_LIST_KEYS = ("input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")
 
 
 def generate_input(body: Any) -> GenerateInput:
@@ -78,7 +75,8 @@ async def generate(request: Request) -> Response:
 async def _sse(
     results: AsyncIterator[dict[str, Any]], multi: bool, state: AppState
 ) -> AsyncIterator[bytes]:
-    """SGLang's stream: every event has the request's text/ids/logprobs so far (or deltas)."""
+    """SGLang's stream: every event has the request's text, ids and prompt logprobs so far (or
+    deltas, with --incremental-streaming-output) and the logprobs of its own new tokens."""
     totals: dict[int, dict[str, Any]] = {}
     incremental = state.config.incremental_streaming_output
     try:
@@ -107,11 +105,12 @@ async def _sse(
 
 
 def _accumulate(total: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
-    """The output so far: text (none with skip_tokenizer_init), ids and logprob lists joined."""
+    """The output so far: text (none with skip_tokenizer_init), ids and prompt logprob lists
+    joined; the output logprob lists stay the delta's."""
     total["output_ids"] = total.get("output_ids", []) + delta["output_ids"]
     meta = dict(delta["meta_info"])
     old = total.get("meta_info", {})
-    for key in _LIST_KEYS:
+    for key in _INPUT_LIST_KEYS:
         if key in meta:
             meta[key] = old.get(key, []) + meta[key]
     total["meta_info"] = meta
@@ -154,7 +153,7 @@ async def model_info(request: Request) -> dict[str, Any]:
         "tokenizer_path": rt.tokenizer_source.to_dict()["path"],
         "is_generation": True,
         "preferred_sampling_params": None,
-        "weight_version": "default",
+        "weight_version": WEIGHT_VERSION,
         "has_image_understanding": False,
         "has_audio_understanding": False,
         "model_type": rt.info.model_type,
