@@ -31,10 +31,14 @@ def test_chat_tokens_are_the_chat_template_tokens(backend: Any) -> None:
     )
     tok = backend.tokenizer
     messages = s.messages()
-    # the whole conversation, as the engine tokenizes the program text
-    assert tok.encode(s.text()) == render_chat(tok, messages, add_generation_prompt=False)
+    # the whole conversation, as the engine tokenizes the program text; messages() left-strips
+    # each content as SGLang records it, so the answers go in as generated
+    raw = [dict(m) for m in messages]
+    raw[2]["content"], raw[4]["content"] = s["answer_1"], s["answer_2"]
+    assert [m["content"] for m in messages] == [m["content"].lstrip() for m in raw]
+    assert tok.encode(s.text()) == render_chat(tok, raw, add_generation_prompt=False)
     # each gen's prompt is what /v1/chat/completions renders for the messages before it
-    for name, before in (("answer_1", messages[:2]), ("answer_2", messages[:4])):
+    for name, before in (("answer_1", raw[:2]), ("answer_2", raw[:4])):
         expected = render_chat(tok, before, add_generation_prompt=True)
         assert s.get_meta_info(name)["prompt_tokens"] == len(expected)
 
