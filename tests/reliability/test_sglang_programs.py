@@ -3,9 +3,10 @@
 
 Every program is a test. Those that fail only because a 135M model answers wrongly are strict
 xfails whose reason names what the model got wrong: if one starts passing, or fails another way,
-the suite says so. The server is this module's own (seed 0), and the one program whose outcome
-rests on random draws at temperature 1.0 (decode_json) is the first to sample, so its outcome
-does not depend on which other tests ran. Skipped, with the reason: image_qa and the two
+the suite says so. So that an outcome never rests on which tests ran before (several programs
+sample, at temperature 0.1 to 1.0), every gen request carries `sampling_seed` (SGLang's sampling
+parameter, which its frontend does not expose): each program draws the same tokens on every run,
+alone or in the suite, whatever else shares its batches. Skipped, with the reason: image_qa and the two
 *_speculative programs (features of a vision model and of SGLang's OpenAI backend).
 """
 
@@ -25,7 +26,8 @@ from support import ServerProcess
 sgl = pytest.importorskip("sglang", reason="SGLang's frontend: make install adds it (--no-deps)")
 programs = pytest.importorskip("sglang.test.test_programs")
 
-PROGRAM_TIMEOUT_S = 1800.0  # a frontend whose worker died can wait on a variable forever
+PROGRAM_TIMEOUT_S = 1800.0
+SAMPLING_SEED = 0  # a frontend whose worker died can wait on a variable forever
 
 
 class WeftRuntime:
@@ -42,13 +44,19 @@ def weft_runtime(
     default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WeftRuntime]:
     log = tmp_path_factory.mktemp("sglang-programs") / "serve.log"
-    proc = ServerProcess(["--model", str(default_model_dir), "--seed", "0"], log)
+    args = ["--model", str(default_model_dir), "--shutdown-timeout", "5"]
+    proc = ServerProcess(args, log)
+    from sglang.lang.ir import SglSamplingParams as params
+
+    unseeded = params.to_srt_kwargs  # what RuntimeEndpoint sends as a gen's sampling_params
     try:
         proc.wait_ready()
         runtime = WeftRuntime(proc.url)
+        params.to_srt_kwargs = lambda self: {**unseeded(self), "sampling_seed": SAMPLING_SEED}
         sgl.set_default_backend(runtime)
         yield runtime
     finally:
+        params.to_srt_kwargs = unseeded
         sgl.set_default_backend(None)
         assert proc.stop() == 0, log.read_text()[-3000:]
 
@@ -88,11 +96,8 @@ def model(reason: str, raises: type[BaseException] = AssertionError) -> pytest.M
     return pytest.mark.xfail(strict=True, raises=raises, reason=f"model quality: {reason}")
 
 
-# (program, its arguments, marks) in run order: decode_json is the first program that samples
+# (program, its arguments, marks)
 CASES = [
-    # it samples at temperature 1.0 and SGLang's REGEX_STR "[\w\d\s]*" lets a string take a
-    # newline (\s), which json.loads refuses: first to sample from the seeded server, its draws
-    # are the same on every run (and it passes)
     pytest.param("decode_json", (), id="decode_json"),
     pytest.param(
         "few_shot_qa",
@@ -145,7 +150,7 @@ CASES = [
     pytest.param("dtype_gen", (), id="dtype_gen"),
     pytest.param("mt_bench", (), id="mt_bench"),
     pytest.param("gen_min_new_tokens", (), id="gen_min_new_tokens"),
-    pytest.param("parallel_decoding", (), id="parallel_decoding"),  # last: branches sample at once
+    pytest.param("parallel_decoding", (), id="parallel_decoding"),
     pytest.param(
         "image_qa",
         (),
