@@ -30,7 +30,10 @@ def test_chat_tokens_are_the_chat_template_tokens(backend: Any) -> None:
         "What is the tallest animal?", "And the fastest?", backend=backend, temperature=0
     )
     tok = backend.tokenizer
-    messages = s.messages()
+    # messages() left-strips each content, as SGLang does: the conversation as generated has the
+    # answers as the gens wrote them
+    messages = [dict(m) for m in s.messages()]
+    messages[2]["content"], messages[4]["content"] = s["answer_1"], s["answer_2"]
     # the whole conversation, as the engine tokenizes the program text
     assert tok.encode(s.text()) == render_chat(tok, messages, add_generation_prompt=False)
     # each gen's prompt is what /v1/chat/completions renders for the messages before it
