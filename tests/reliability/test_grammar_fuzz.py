@@ -224,7 +224,7 @@ def test_a_body_nested_too_deeply_to_read_is_a_400(tiny_server: Any) -> None:
         headers={"content-type": "application/json"},
         timeout=60,
     )
-    assert resp.status_code == 400 and "nests too deeply" in resp.text, resp.text[:300]
+    assert resp.status_code == 400 and "deeper than 128 levels" in resp.text, resp.text[:300]
     check_answer_and_health(tiny_server, resp)
 
 
