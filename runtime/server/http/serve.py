@@ -136,15 +136,16 @@ def _print_examples(config: ServerConfig) -> None:
     """How to call the server; with --api-key, the key is never printed (read from the shell)."""
     url = f"http://{config.host}:{config.port}"
     auth = ' -H "Authorization: Bearer $WEFT_API_KEY"' if config.api_key else ""
-    key = "os.environ['WEFT_API_KEY']" if config.api_key else "'none'"
-    imports = "import os; " if config.api_key else ""
+    # with a key, the openai client reads it from OPENAI_API_KEY, set from the shell's variable
+    key = "" if config.api_key else ", api_key='none'"
+    env = "OPENAI_API_KEY=$WEFT_API_KEY " if config.api_key else ""
     note = "  (export WEFT_API_KEY=<the --api-key value> first)\n" if config.api_key else ""
     print(
         f"\nweft is serving {config.model_name} at {url}\n{note}"
         f"  curl {url}/generate{auth} -H 'Content-Type: application/json' "
         f"""-d '{{"text": "The capital of France is", "sampling_params": {{"max_new_tokens": 16}}}}'\n"""
-        f'  python -c "{imports}from openai import OpenAI; '
-        f"c = OpenAI(base_url='{url}/v1', api_key={key}); "
+        f'  {env}python -c "from openai import OpenAI; '
+        f"c = OpenAI(base_url='{url}/v1'{key}); "
         f"print(c.chat.completions.create(model='{config.model_name}', "
         f"messages=[{{'role': 'user', 'content': 'Hi!'}}]).choices[0].message.content)\"\n",
         file=sys.stderr,
