@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-import types
-import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,7 +13,9 @@ import torch
 
 from weft.constrain.limits import GrammarLimits
 from weft.kernels.common import FP8_KV
+from weft.runtime.config_types import check_fields, check_known
 
+MAX_DRAFT_TOKENS = 64  # speculative_num_draft_tokens at most
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -47,7 +47,7 @@ class TuningConfig:
     grammar_mask_threads: int | None = None
 
     def __post_init__(self) -> None:
-        _check_fields(self)
+        check_fields(self)
         if self.gemv not in ("auto", "on", "off"):
             raise ValueError(f"gemv must be 'auto', 'on' or 'off', got {self.gemv!r}")
         if self.graph_blas not in ("auto", "cublas", "cublaslt"):
@@ -62,7 +62,7 @@ class TuningConfig:
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> TuningConfig:
         """Build from keyword arguments, naming any unknown one."""
-        _check_known(cls, kwargs, "tuning option")
+        check_known(cls, kwargs, "tuning option")
         return cls(**kwargs)
 
 
@@ -136,13 +136,26 @@ class EngineConfig:
     grammar_max_spec_chars: int = 1_000_000  # a JSON schema's, EBNF grammar's or tag's text
     # constrained decoding: sample forced tokens one by one (always so with overlap scheduling)
     disable_jump_forward: bool = False
+    # speculative decoding: `ngram` drafts from the request's own prompt and output (prompt
+    # lookup), `draft` runs a small model with the same vocabulary ahead; one forward of the model
+    # verifies the drafts. Greedy output is unchanged and sampled output keeps the model's
+    # distribution (rejection sampling). The overlap scheduler is off with it (as SGLang's).
+    speculative_algorithm: Literal["ngram", "draft"] | None = None
+    speculative_draft_model_path: str | None = None  # `draft`: HF folder or .gguf file
+    # tokens one verify step runs per request, its last accepted token included (SGLang's
+    # meaning): up to this many minus one drafts
+    speculative_num_draft_tokens: int = 5
+    # `ngram`: the suffix matched against the earlier tokens is this many tokens long at least /
+    # at most (the longest match wins, then the latest)
+    speculative_ngram_min_match_window_size: int = 1
+    speculative_ngram_max_match_window_size: int = 12
     cache_dir: str | None = None  # converted models; default ~/.cache/weft
     cpu_threads: int | None = None  # torch intra-op threads of the scheduler on CPU; None: torch's
     log_level: str = "warning"
     tuning: TuningConfig = field(default_factory=TuningConfig)
 
     def __post_init__(self) -> None:
-        _check_fields(self)
+        check_fields(self)
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.load_format == "dummy" and self.model is None:
@@ -234,6 +247,7 @@ class EngineConfig:
             raise ValueError(
                 f"overlap_schedule must be 'auto', 'on' or 'off', got {self.overlap_schedule!r}"
             )
+        self._check_speculative()
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
@@ -262,11 +276,37 @@ class EngineConfig:
                 raise ValueError("quantization='fp8' of a .gguf model needs dequantize=True "
                                  "(the blocks converted to full precision, then to fp8)")  # fmt: skip
 
+    def _check_speculative(self) -> None:
+        algo = self.speculative_algorithm
+        if algo not in (None, "ngram", "draft"):
+            raise ValueError(
+                f"speculative_algorithm must be 'ngram', 'draft' or None, got {algo!r}"
+            )
+        if (algo == "draft") != (self.speculative_draft_model_path is not None):
+            raise ValueError("speculative_algorithm='draft' and speculative_draft_model_path= go "
+                             "together: the draft model runs only with that algorithm")  # fmt: skip
+        if not 2 <= self.speculative_num_draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"speculative_num_draft_tokens must be in [2, {MAX_DRAFT_TOKENS}] (the "
+                             f"last accepted token and >= 1 draft), got "
+                             f"{self.speculative_num_draft_tokens}")  # fmt: skip
+        lo = self.speculative_ngram_min_match_window_size
+        hi = self.speculative_ngram_max_match_window_size
+        if not 1 <= lo <= hi:
+            raise ValueError("speculative n-gram windows need 1 <= min_match_window_size <= "
+                             f"max_match_window_size, got {lo} and {hi}")  # fmt: skip
+        if algo is None:
+            return
+        if self.overlap_schedule == "on":
+            raise ValueError("speculative decoding runs without the overlap scheduler: drop "
+                             "overlap_schedule='on' (auto turns it off)")  # fmt: skip
+        if self.tp_size > 1:
+            raise ValueError("speculative decoding runs on one rank (tp_size=1) for now")
+
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
         """Build from keyword arguments, naming any unknown one; paths may be os.PathLike, and
         `tuning` a TuningConfig or a dict of its fields."""
-        _check_known(cls, kwargs, "engine option")
+        check_known(cls, kwargs, "engine option")
         for name in _PATHS:
             if isinstance(kwargs.get(name), os.PathLike):
                 kwargs[name] = os.fspath(kwargs[name])
@@ -322,7 +362,7 @@ class EngineConfig:
     @property
     def resolved_overlap(self) -> bool:
         if self.overlap_schedule == "auto":
-            return self.resolved_device == "cuda"
+            return self.resolved_device == "cuda" and self.speculative_algorithm is None
         return self.overlap_schedule == "on"
 
     @property
@@ -336,54 +376,4 @@ class EngineConfig:
         return Path(self.cache_dir) if self.cache_dir else default_cache_dir()
 
 
-_PATHS = ("model", "tokenizer", "cache_dir")
-
-
-def _check_known(cls: type, kwargs: dict[str, Any], what: str) -> None:
-    unknown = sorted(set(kwargs) - {f.name for f in fields(cls)})
-    if unknown:
-        raise ValueError(f"unknown {what}(s): {', '.join(unknown)}")
-
-
-def _check_fields(config: Any) -> None:
-    """Every field holds a value of its annotated type (a flag given "no" would otherwise read
-    as true, and a number given as a string would fail later, far from its cause)."""
-    hints = typing.get_type_hints(type(config))
-    for f in fields(config):
-        value, hint = getattr(config, f.name), hints[f.name]
-        if not _matches(value, hint):
-            raise ValueError(
-                f"{f.name} must be {_describe(hint)}, got {value!r} ({type(value).__name__})"
-            )
-
-
-def _matches(value: Any, hint: Any) -> bool:
-    """isinstance for the annotations EngineConfig uses (bool is not an int here; a Literal's
-    values are checked by the field's own rule, with its own message)."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, arg) for arg in typing.get_args(hint))
-    if origin is Literal:
-        return any(type(value) is type(arg) for arg in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, hint) if isinstance(hint, type) else True
-
-
-def _describe(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
-    if origin is Literal:
-        return "one of " + ", ".join(repr(arg) for arg in typing.get_args(hint))
-    if hint is type(None):
-        return "None"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
-        hint, getattr(hint, "__name__", str(hint))
-    )
+_PATHS = ("model", "tokenizer", "cache_dir", "speculative_draft_model_path")

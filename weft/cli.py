@@ -56,6 +56,16 @@ _HELP = {
     "per request instead of once per group",
     "disable_fused_kernels": "CUDA: torch ops instead of weft's Triton norm/rotary/SiLU kernels",
     "overlap_schedule": "auto (on with CUDA), on or off: prepare step t+1 while step t runs",
+    "speculative_algorithm": "ngram (drafts from the request's own prompt and output) or draft "
+    "(a small model with the same vocabulary runs ahead); greedy output is unchanged",
+    "speculative_draft_model_path": "the draft model of --speculative-algorithm draft: HF folder "
+    "or .gguf file",
+    "speculative_num_draft_tokens": "tokens one verify step runs per request, the last accepted "
+    "one included: up to this many minus one drafts",
+    "speculative_ngram_min_match_window_size": "ngram: shortest suffix matched against the "
+    "request's earlier tokens",
+    "speculative_ngram_max_match_window_size": "ngram: longest suffix matched (the longest match "
+    "wins, then the latest)",
     "cache_dir": "where converted models are kept; none = ~/.cache/weft",
     "log_level": "debug, info, warning or error",
     "cpu_threads": "torch threads of the scheduler on CPU; none = torch's default",
@@ -77,7 +87,10 @@ _HELP = {
 }
 
 
-_CHOICES = {"quantization": ("gguf", "fp8")}  # shown as {gguf,fp8} in --help
+_CHOICES = {
+    "quantization": ("gguf", "fp8"),
+    "speculative_algorithm": ("ngram", "draft"),
+}  # shown as {gguf,fp8} in --help
 
 
 def _add_engine_options(parser: argparse.ArgumentParser) -> None:

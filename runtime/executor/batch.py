@@ -40,6 +40,9 @@ class Batch:
     reqs: list[Req]
     # per request: how many new tokens run this step (EXTEND: a chunk of fill_ids; DECODE: 1)
     extend_lens: list[int] = field(default_factory=list)
+    # speculative verify step: each request's draft tokens, run after its own new tokens (they
+    # are counted in extend_lens); the model samples at its last own token and at every draft
+    drafts: list[list[int]] | None = None
 
     @property
     def size(self) -> int:

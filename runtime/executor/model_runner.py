@@ -19,6 +19,7 @@ from weft.runtime.executor.logprobs import LogprobRows, gather_logprobs
 from weft.runtime.executor.memory import RESERVED_PAGES, KVPool, PageAllocator, ReqToTokenPool
 from weft.runtime.executor.sampler import Sampler, SamplingInputs
 from weft.runtime.executor.shared_prefix import PlanCache
+from weft.runtime.executor.spec_step import sample_verify
 from weft.runtime.executor.step import LaunchedStep, ReqStepResult, input_logprob_rows, samples
 from weft.runtime.executor.transfer import to_device
 from weft.runtime.loader import gguf_path, iterate_weight_slices
@@ -211,9 +212,11 @@ class ModelRunner:
         step = LaunchedStep(self.num_launches, batch, [ReqStepResult() for _ in batch.reqs])
         step.hidden = hidden
         offset = 0
+        drafts = batch.drafts
         for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True)):
-            if samples(req, n):
-                step.sample_rows.append(offset + n - 1)
+            d = len(drafts[i]) if drafts is not None else 0
+            if samples(req, n - d):  # (a verify step samples at its last own token and drafts)
+                step.sample_rows += range(offset + n - d - 1, offset + n)
                 step.samplers.append(i)
                 step.masked = step.masked or req.grammar is not None
             if batch.mode == ForwardMode.EXTEND and req.owes_input_logprobs:
@@ -246,7 +249,8 @@ class ModelRunner:
         future_at: list[int] = []  # token index in this step <- row of the last launch's ids
         future_row: list[int] = []
         future_steps: set[int] = set()
-        for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
+        drafts = batch.drafts
+        for i, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens, strict=True)):
             start = req.kv_len
             if req.ahead:
                 assert n == 1 and req.future is not None, (req.rid, n)
@@ -254,6 +258,8 @@ class ModelRunner:
                 future_at.append(len(ids))
                 future_row.append(req.future[1])
                 ids.append(0)
+            elif drafts is not None:  # a verify step: its own new tokens, then its drafts
+                ids += req.tokens(start, start + n - len(drafts[i])) + drafts[i]
             else:
                 ids += req.tokens(start, start + n)
             positions += range(start, start + n)
@@ -310,6 +316,9 @@ class ModelRunner:
         sample_rows = step.sample_rows
         if not sample_rows:
             return
+        if batch.drafts is not None:
+            sample_verify(self, step, hidden)
+            return
         masked = self.masks.fill(batch.reqs, step.samplers)  # CUDA: while the GPU runs
         if len(sample_rows) == hidden.shape[0]:  # every row samples (decode): no gather
             picked = hidden
@@ -319,7 +328,7 @@ class ModelRunner:
         if masked:
             self.masks.apply(batch.reqs, step.samplers, masked, logits)
         reqs = [batch.reqs[i] for i in step.samplers]
-        inputs = [r.sampling or self._sampling_inputs(r) for r in reqs]
+        inputs = [r.sampling or self.sampling_inputs(r) for r in reqs]
         out = self.sampler(logits, inputs, want_logprobs=any(r.return_logprob for r in reqs))
         if self.tp is not None:  # every rank continues with rank 0's tokens
             self.tp.broadcast_tokens(out.next_ids)
@@ -333,7 +342,7 @@ class ModelRunner:
         else:
             step.host_ids = out.next_ids
 
-    def _sampling_inputs(self, req: Req) -> SamplingInputs:
+    def sampling_inputs(self, req: Req) -> SamplingInputs:
         """The request's sampler row, built once: it reads the request's own token lists."""
         ids = frozenset(req.params.stop_token_ids)
         stop_ids = ids if req.params.ignore_eos else ids | self.stop_ids

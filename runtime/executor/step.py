@@ -31,6 +31,12 @@ class ReqStepResult:
     input_logprobs: list[tuple[float | None, int]] | None = None
     input_top: list[list[tuple[float, int]]] | None = None
     input_ids_lp: list[list[tuple[float, int]]] | None = None
+    # a verify step (speculative decoding): the accepted drafts and one more token (next_id is
+    # the first), how many drafts were accepted, and the tokens' logprobs (chosen, top, by id)
+    spec_ids: list[int] | None = None
+    spec_accepted: int = 0
+    spec_logprobs: tuple[list[tuple[float, int]], list[list[tuple[float, int]]],
+                         list[list[tuple[float, int]]]] | None = None  # fmt: skip
 
     def prompt_lists(self) -> PromptLists:
         """The prompt logprobs, top-k and by-id lists of this step, made on first use."""
@@ -38,8 +44,16 @@ class ReqStepResult:
             self.input_logprobs, self.input_top, self.input_ids_lp = [], [], []
         return self.input_logprobs, self.input_top, self.input_ids_lp
 
-    def add_logprobs_to(self, req: Req) -> None:
-        """Append this step's output and prompt logprobs to the request's."""
+    def add_logprobs_to(self, req: Req, appended: int = 1) -> None:
+        """Append this step's output and prompt logprobs to the request's (`appended`: of a
+        verify step, the logprobs of its first tokens that were appended)."""
+        if self.spec_logprobs is not None:
+            spec_chosen, spec_top, spec_by_id = self.spec_logprobs
+            req.out_logprobs += spec_chosen[:appended]
+            if req.top_logprobs_num:
+                req.out_top_logprobs += spec_top[:appended]
+            if req.token_ids_logprob:
+                req.out_ids_logprobs += spec_by_id[:appended]
         if self.output_logprob is not None:
             req.out_logprobs.append(self.output_logprob)
         if self.output_top is not None:

@@ -95,6 +95,10 @@ class TokenOut(msgspec.Struct):
     input_top_logprobs: list[list[LogprobEntry]] = msgspec.field(default_factory=list)
     input_ids_logprobs: list[list[LogprobEntry]] = msgspec.field(default_factory=list)
     retractions: int = 0
+    # speculative decoding: the request's verify steps, its drafts and those accepted
+    spec_verify_ct: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
     unenforced: list[str] = msgspec.field(default_factory=list)  # schema keywords not enforced
 
 

@@ -46,6 +46,7 @@ class KVCacheManager:
         self.table.write(row, 0, match.indices)
         self.tree.inc_lock_ref(match.last_node)
         req.row, req.kv_len, req.prefix_len, req.last_node = row, n, n, match.last_node
+        req.draft_len = n  # a cached prefix's slots hold the draft model's KV too
         return True
 
     def pages_needed(self, req: Req, n: int) -> int:
@@ -142,6 +143,7 @@ class KVCacheManager:
             req.grammar.release()
         self.table.free(req.row)
         req.row, req.kv_len, req.prefix_len, req.last_node = None, 0, 0, None
+        req.draft_len = 0
 
     def _match_cap(self, req: Req) -> int:
         # the last token is always recomputed (its logits are needed); input logprobs from k need

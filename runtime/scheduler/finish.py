@@ -125,6 +125,9 @@ def token_out(req: Req) -> TokenOut:
         input_top_logprobs=req.in_top_logprobs,
         input_ids_logprobs=req.in_ids_logprobs,
         retractions=req.num_retractions,
+        spec_verify_ct=req.spec.verify_steps if req.spec is not None else 0,
+        spec_draft_tokens=req.spec.drafted if req.spec is not None else 0,
+        spec_accepted_tokens=req.spec.accepted if req.spec is not None else 0,
         unenforced=req.unenforced,
     )
     req.out_logprobs, req.out_top_logprobs, req.out_ids_logprobs = [], [], []

@@ -15,6 +15,7 @@ from weft.runtime.scheduler.decode import build_decode_batch, mix_decode, retrac
 from weft.runtime.scheduler.overlap import Overlap
 from weft.runtime.scheduler.prefill import PrefillAdder, SharedPrefixGate, order_waiting
 from weft.runtime.scheduler.request import Queues, Req
+from weft.runtime.scheduler.speculative import Speculator
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +34,10 @@ class BatchPolicy:
         queues: Queues,
         overlap: Overlap,
         stats: dict[str, int],
+        speculator: Speculator | None = None,
     ) -> None:
         self.config = config
+        self.speculator = speculator  # decode steps verify drafts
         self.cache = cache
         self.queues = queues
         self.overlap = overlap
@@ -80,7 +83,11 @@ class BatchPolicy:
             )
         else:
             self.ratio.decay_step()
-        return build_decode_batch(going, self.cache) if going else None
+        if not going:
+            return None
+        if self.speculator is not None:
+            return self.speculator.build(going)
+        return build_decode_batch(going, self.cache)
 
     def prefill(self, behind: Batch | None = None) -> Batch | None:
         """The next prefill batch. `behind`: a prefill still in flight (Overlap); its requests

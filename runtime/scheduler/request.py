@@ -55,6 +55,14 @@ class Req:
     num_retractions: int = 0
     admitted: bool = False  # set at the first admission (cached_tokens is measured then)
     counted: bool = False  # its prompt went into the cache-hit statistics
+    # speculative decoding: leading positions whose KV the draft model holds (the target's are
+    # kv_len); the n-gram drafter over its tokens; the drafts chosen for the next step and the
+    # draft model's distributions of them; its speculative.SpecCounts
+    draft_len: int = 0
+    ngram: Any = None
+    pending_draft: list[int] = field(default_factory=list)
+    draft_probs: Any = None
+    spec: Any = None
 
     # logprob results not yet sent (deltas)
     out_logprobs: list[tuple[float, int]] = field(default_factory=list)

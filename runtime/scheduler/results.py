@@ -9,6 +9,7 @@ from weft.runtime.ipc.messages import FinishReason
 from weft.runtime.scheduler.cache_manager import KVCacheManager
 from weft.runtime.scheduler.finish import check_finish, jump_forward
 from weft.runtime.scheduler.request import Queues, Req
+from weft.runtime.scheduler.speculative import append_verified, settle_verify
 
 
 def apply_results(
@@ -31,6 +32,23 @@ def apply_results(
         if i in sampled:
             req.ahead -= 1
         if req.finished:  # ended by a token of the step before (overlap): nothing to add
+            continue
+        if res.spec_ids is not None:  # a verify step: several tokens, and its KV settled
+            assert batch.drafts is not None and step.kv_ends
+            drafts = len(batch.drafts[i])
+            appended = append_verified(req, res.spec_ids, eos_ids)
+            if req.return_logprob:
+                res.add_logprobs_to(req, appended)
+            settle_verify(req, cache, step.kv_ends[i], drafts, res.spec_accepted)
+            stats["spec_verify_steps"] += 1
+            stats["spec_draft_tokens"] += drafts
+            stats["spec_accepted_tokens"] += res.spec_accepted
+            if forced_tokens and req.finish is None and not req.return_logprob:
+                jump_forward(req, eos_ids)
+            if req.finished:
+                cache.cache_req(req, release=True)
+            if req.finished or req.stream:
+                report.append(req)
             continue
         if req.return_logprob:  # (no logprob work on the decode hot path otherwise)
             res.add_logprobs_to(req)

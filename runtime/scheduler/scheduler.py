@@ -35,6 +35,7 @@ from weft.runtime.scheduler.overlap import Overlap
 from weft.runtime.scheduler.policy import BatchPolicy
 from weft.runtime.scheduler.request import Queues, Req
 from weft.runtime.scheduler.results import apply_results
+from weft.runtime.scheduler.speculative import Speculator
 from weft.runtime.scheduler.stats import KVUsage, StepClock
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,14 @@ class Scheduler:
         # same output). Appending them would make the next step an eager extend that no step
         # can overlap, and with many constrained requests some always have forced tokens.
         self.jump_forward = not config.disable_jump_forward and not self.overlap.enabled
-        self.policy = BatchPolicy(config, self.cache, self.queues, self.overlap, self.stats)
+        self.speculator = (
+            Speculator(config, self.cache, None)
+            if config.speculative_algorithm is not None
+            else None
+        )
+        self.policy = BatchPolicy(
+            config, self.cache, self.queues, self.overlap, self.stats, self.speculator
+        )
         self.intake = Intake(
             channel,
             self.queues,

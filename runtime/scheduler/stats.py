@@ -20,9 +20,14 @@ COUNTERS = (
     "cached_tokens",
     "overlapped_steps",  # launched while the step before was still in flight
     "mixed_steps",  # prefill steps that also decoded running requests
+    # speculative decoding: requests' verify steps (one per request and step), their drafts and
+    # the drafts accepted (mean accepted length = (accepted + steps) / steps, as SGLang's)
+    "spec_verify_steps",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
     # steps launched per kind, and their launch-to-launch wall time in µs (with overlap, the
     # device's time of each step); a step followed by an idle wait adds no time
-    *(f"{kind}_{unit}" for kind in ("extend", "decode") for unit in ("steps", "us")),
+    *(f"{kind}_{unit}" for kind in ("extend", "decode", "verify") for unit in ("steps", "us")),
 )
 
 
@@ -50,7 +55,13 @@ class StepClock:
             return
         if self._busy_since is None:
             self._busy_since = now
-        kind = "decode" if batch.mode == ForwardMode.DECODE else "extend"
+        kind = (
+            "verify"
+            if batch.drafts is not None
+            else "decode"
+            if batch.mode == ForwardMode.DECODE
+            else "extend"
+        )
         self.counts[f"{kind}_steps"] += 1
         self._last_launch = (kind, now)
 

@@ -85,6 +85,12 @@ def build_output(
         meta["completion_tokens"] = last.completion_tokens
         meta["cached_tokens"] = last.cached_tokens
         meta["num_retractions"] = last.retractions
+        if last.spec_verify_ct:  # speculative decoding (SGLang's keys, and the counts)
+            steps = last.spec_verify_ct
+            meta["spec_verify_ct"] = steps
+            meta["spec_accept_length"] = (last.spec_accepted_tokens + steps) / steps
+            meta["spec_draft_tokens"] = last.spec_draft_tokens
+            meta["spec_accepted_tokens"] = last.spec_accepted_tokens
         if last.unenforced:
             meta["unenforced_keywords"] = list(last.unenforced)
     meta.setdefault("finish_reason", None)

@@ -1,0 +1,178 @@
+"""Speculative decoding on the scheduler's side: how many drafts each running request gets, their
+KV slots, and after the verify step the accepted tokens' bookkeeping (rejected slots freed)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from weft.runtime.config import EngineConfig
+from weft.runtime.executor.batch import Batch, ForwardMode
+from weft.runtime.scheduler.cache_manager import KVCacheManager
+from weft.runtime.scheduler.decode import build_decode_batch
+from weft.runtime.scheduler.finish import check_finish
+from weft.runtime.scheduler.ngram import NgramDrafter
+from weft.runtime.scheduler.request import Req
+
+# draft-length policy (see DraftPolicy)
+ACCEPT_EMA = 0.5  # weight of the newest step in a request's acceptance average
+PROBE_BELOW = 0.15  # a request accepting fewer than this share of its drafts gets one, a probe
+
+# the draft model's proposals: (requests, drafts per request) -> tokens, draft probabilities
+ProposeFn = Callable[[list[Req], list[int]], tuple[list[list[int]], list[object]]]
+
+
+@dataclass
+class SpecCounts:
+    """A request's speculation so far (reported in meta_info)."""
+
+    verify_steps: int = 0  # forwards that verified drafts for it
+    drafted: int = 0
+    accepted: int = 0
+    acceptance: float = 1.0  # moving average of accepted / drafted per step
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.verify_steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        if drafted:
+            share = accepted / drafted
+            self.acceptance = ACCEPT_EMA * share + (1 - ACCEPT_EMA) * self.acceptance
+
+
+class DraftPolicy:
+    """Drafts per request, per step.
+
+    A request gets up to k drafts (`speculative_num_draft_tokens` - 1), never more than it may
+    still generate after the step's own token. A request whose drafts are mostly rejected (its
+    moving acceptance below PROBE_BELOW) drafts one token only, a probe that costs one more row
+    of the verify forward and lets its average recover when the text turns repetitive again.
+    A request with a grammar drafts nothing (its drafts would need masks per position).
+    """
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def drafts_for(self, req: Req, counts: SpecCounts) -> int:
+        if req.grammar is not None:
+            return 0
+        room = req.remaining_new_tokens - 1
+        want = 1 if counts.acceptance < PROBE_BELOW else self.k
+        return max(min(want, room), 0)
+
+
+class Speculator:
+    """Builds the decode batch with drafts (the verify step) and settles it afterwards.
+
+    The verify step runs each request's own new tokens (its last sampled one, or more after a
+    grammar's jump-forward) followed by its drafts, in one EXTEND forward; the model samples at
+    the last own token and at every draft. Slots for all of them are allocated up front; the
+    slots past the accepted tokens are freed once the step is processed, so the conservation
+    check holds and the radix tree only ever gets accepted tokens.
+    """
+
+    def __init__(
+        self, config: EngineConfig, cache: KVCacheManager, propose: ProposeFn | None = None
+    ) -> None:
+        self.config = config
+        self.cache = cache
+        self.policy = DraftPolicy(config.speculative_num_draft_tokens - 1)
+        self.propose_fn = propose
+        self.ngram = config.speculative_algorithm == "ngram"
+
+    def build(self, running: list[Req]) -> Batch:
+        """The decode batch of `running` (already retracted to fit one token each) with drafts
+        where their slots fit; without any draft, the plain decode batch."""
+        want = [self._draft_len(r) for r in running]
+        want = self._fit(running, want)
+        if not any(want):
+            return build_decode_batch(running, self.cache)
+        own = [r.extend_len for r in running]
+        for req, m, d in zip(running, own, want, strict=True):
+            assert self.cache.alloc(req, m + d), "draft slots failed after they were checked"
+        drafts = self._drafts(running, want)
+        lens = [m + len(d) for m, d in zip(own, drafts, strict=True)]
+        return Batch(ForwardMode.EXTEND, list(running), lens, drafts=drafts)
+
+    def _draft_len(self, req: Req) -> int:
+        counts = spec_counts(req)
+        d = self.policy.drafts_for(req, counts)
+        if d and self.ngram:
+            drafter = req.ngram
+            if drafter is None:
+                drafter = req.ngram = NgramDrafter(
+                    self.config.speculative_ngram_min_match_window_size,
+                    self.config.speculative_ngram_max_match_window_size,
+                )
+            drafter.sync(req)
+            req.pending_draft = drafter.propose(d)
+            return len(req.pending_draft)
+        return d
+
+    def _fit(self, running: list[Req], want: list[int]) -> list[int]:
+        """Drop drafts, newest requests first, until every request's slots fit."""
+        cache = self.cache
+        order = sorted(range(len(running)), key=lambda i: running[i].arrival, reverse=True)
+        want = list(want)
+
+        def need() -> int:
+            pairs = zip(running, want, strict=True)
+            pages = sum(cache.pages_needed(r, r.extend_len + d) for r, d in pairs)
+            return pages * cache.page_size
+
+        for i in order:
+            if need() <= cache.available_tokens:
+                break
+            want[i] = 0
+            if self.ngram:
+                running[i].pending_draft = []
+        return want
+
+    def _drafts(self, running: list[Req], want: list[int]) -> list[list[int]]:
+        if self.ngram:
+            drafts = [list(r.pending_draft) for r in running]
+            for r in running:
+                r.pending_draft = []
+            return drafts
+        assert self.propose_fn is not None, "speculative_algorithm='draft' without a draft model"
+        tokens, probs = self.propose_fn(running, want)
+        for req, p in zip(running, probs, strict=True):
+            req.draft_probs = p
+        return [t[:d] for t, d in zip(tokens, want, strict=True)]
+
+
+def append_verified(req: Req, tokens: list[int], eos_ids: frozenset[int]) -> int:
+    """Append a verify step's tokens to `req` one by one, each checked as a sampled token is,
+    stopping at the first that finishes it; returns how many were appended."""
+    for n, token in enumerate(tokens, 1):
+        req.output_ids.append(token)
+        req.finish = check_finish(req, token, eos_ids)
+        if req.finish is not None:
+            return n
+    return len(tokens)
+
+
+def settle_verify(
+    req: Req, cache: KVCacheManager, ran_to: int, drafted: int, accepted: int
+) -> None:
+    """After a verify step's tokens were appended to `req` (append_verified): its KV holds the
+    accepted tokens only; the pages of the rejected drafts' slots go back.
+
+    `ran_to`: its kv_len after the step's launch (own tokens + drafts)."""
+    new_kv = min(ran_to - drafted + accepted, req.seq_len - 1)
+    req.kv_len = new_kv
+    req.draft_len = min(req.draft_len, new_kv)
+    p = cache.page_size
+    keep = -(-new_kv // p) * p  # the partial last page stays the request's
+    if ran_to > keep:
+        assert req.row is not None
+        cache.allocator.free(cache.table.cpu[req.row, keep:ran_to].clone())
+    spec_counts(req).record(drafted, accepted)
+    req.draft_probs = None
+
+
+def spec_counts(req: Req) -> SpecCounts:
+    if req.spec is None:
+        req.spec = SpecCounts()
+    assert isinstance(req.spec, SpecCounts)
+    return req.spec

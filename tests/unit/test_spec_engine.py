@@ -1,0 +1,133 @@
+"""Speculative decoding in in-process schedulers on a tiny random model (CPU): greedy outputs with
+n-gram drafts equal those without, token for token, over page sizes, a pool short enough to
+retract, stop ids and max_new_tokens; drafts are accepted; KV slots are conserved."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from weft.runtime.config import EngineConfig
+from weft.runtime.ipc.messages import TokenizedGenerateReq
+from weft.runtime.sampling_params import SamplingParams
+from weft.runtime.scheduler.scheduler import Scheduler
+
+
+@pytest.fixture(scope="module")
+def chaotic_model(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    """A 2-layer random Llama whose greedy output wanders (larger initial weights than the
+    usual 0.02) instead of repeating one token: about a third of its n-gram drafts are
+    accepted, so both acceptance and rejection run."""
+    import os
+    import shutil
+
+    import torch
+    import transformers
+
+    folder = tmp_path_factory.mktemp("chaotic-llama")
+    config = transformers.LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        initializer_range=0.08,
+        eos_token_id=2,
+        bos_token_id=1,
+        architectures=["LlamaForCausalLM"],
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    for name in os.listdir(default_model_dir):
+        if "token" in name or name.endswith(".jinja"):
+            shutil.copy(default_model_dir / name, folder / name)
+    return folder
+
+
+def workload(n: int = 8, seed: int = 3) -> list[tuple[list[int], SamplingParams]]:
+    """Prompts that repeat a phrase (n-gram lookup has something to find), greedy."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        phrase = [rng.randrange(50, 3000) for _ in range(rng.randrange(3, 9))]
+        prompt = phrase * rng.randrange(2, 5) + [rng.randrange(50, 3000)]
+        params = SamplingParams(temperature=0, max_new_tokens=rng.randrange(8, 40))
+        out.append((prompt, params))
+    return out
+
+
+Outputs = dict[str, tuple[list[int], list[float], str]]
+
+
+def run(model: Path, reqs: list[tuple[list[int], SamplingParams]], logprobs: bool = False,
+        **config: Any) -> tuple[Outputs, Scheduler]:  # fmt: skip
+    """Each request's output ids, output logprobs and finish reason; the scheduler."""
+    sched = Scheduler(EngineConfig(model=str(model), cpu_threads=1, **config), model, None)
+    done: Outputs = {}
+    lps: dict[str, list[float]] = {}
+
+    def emit(rs: list[Any]) -> None:
+        for r in rs:
+            lps.setdefault(r.rid, []).extend(lp for lp, _ in r.out_logprobs)
+            r.out_logprobs = []
+            if r.finished:
+                done[r.rid] = (list(r.output_ids), lps[r.rid], r.finish.type)
+
+    sched.emit = emit  # type: ignore[method-assign]
+    for i, (ids, params) in enumerate(reqs):
+        msg = TokenizedGenerateReq(f"r{i}", ids, params, params.max_new_tokens or 0)
+        msg.return_logprob = logprobs
+        sched.add_request(msg)
+    steps = 0
+    while sched.has_work():
+        sched.process_results(sched.launch(sched.schedule()))
+        steps += 1
+        assert steps < 3000, "the scheduler does not finish"
+    sched.settle()
+    sched.cache.check_conservation()
+    assert len(done) == len(reqs)
+    return done, sched
+
+
+def same_ids(a: Outputs, b: Outputs) -> bool:
+    return {k: (v[0], v[2]) for k, v in a.items()} == {k: (v[0], v[2]) for k, v in b.items()}
+
+
+@pytest.fixture(scope="module")
+def plain(chaotic_model: Path) -> Outputs:
+    return run(chaotic_model, workload(), logprobs=True)[0]
+
+
+CASES = {
+    "pages of 1": {},
+    "pages of 4": {"page_size": 4},
+    "one draft": {"speculative_num_draft_tokens": 2},
+    "eight drafts, pages of 4": {"speculative_num_draft_tokens": 9, "page_size": 4},
+    "short pool (retracts)": {
+        "page_size": 4,
+        "max_total_tokens": 160,
+        "schedule_conservativeness": 0.0,
+    },
+    "no radix cache": {"disable_radix_cache": True},
+    "mixed chunks": {"enable_mixed_chunk": True},
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ngram_greedy_equals_plain(chaotic_model: Path, plain: Outputs, case: str) -> None:
+    spec, sched = run(chaotic_model, workload(), logprobs=True, speculative_algorithm="ngram",
+                      **CASES[case])  # fmt: skip
+    assert same_ids(spec, plain)
+    for rid, (_, lps, _) in spec.items():  # the target's logprob of every accepted token
+        assert lps == pytest.approx(plain[rid][1], abs=1e-3), rid
+    st = sched.stats
+    assert 0 < st["spec_accepted_tokens"] < st["spec_draft_tokens"]
+    if case.startswith("short pool"):
+        assert st["retractions"] > 0
