@@ -97,6 +97,38 @@ class GrammarMasks:
             apply_bitmask(logits, mask, rows=rows, mask_rows=mask_rows)
         self.apply_ns.append(time.perf_counter_ns() - t0)
 
+    def apply_drafts(self, items: list[tuple[Req, list[int], int]], logits: torch.Tensor) -> None:
+        """Mask a verify step's rows of constrained requests with drafts: for (req, drafts,
+        first logits row), row first + j gets the grammar's mask after the first j drafts (the
+        matcher accepts them, then rolls back). A draft the grammar refuses (it checked them when
+        they were drafted, so only a failing backend) ends the walk: later rows keep the last
+        mask, and the target, masked, rejects that draft anyway."""
+        total = sum(len(d) + 1 for _, d, _ in items)
+        buf = allocate_bitmask(total, self.vocab_size)
+        rows: list[int] = []
+        for req, drafts, first in items:
+            grammar = req.grammar
+            taken = 0
+            for j in range(len(drafts) + 1):
+                k = len(rows)
+                if j <= taken:
+                    grammar.fill_bitmask(buf, k)
+                else:
+                    buf[k] = buf[k - 1]
+                rows.append(first + j)
+                if j == taken and j < len(drafts) and grammar.accept_token(drafts[j]):
+                    taken += 1
+            grammar.rollback(taken)
+        self.num_fills += total
+        mask = buf.to(self.device) if self.device.type == "cuda" else buf
+        index = to_device(rows + list(range(total)), torch.int64, self.device)
+        if self.fused:
+            from weft.kernels.bitmask import apply_token_bitmask
+
+            apply_token_bitmask(logits, mask, rows=index[:total], mask_rows=index[total:])
+        else:
+            apply_bitmask(logits, mask, rows=index[:total], mask_rows=index[total:])
+
     def stats(self) -> dict[str, float]:
         """The fill time per constrained request and step on the scheduler thread, in µs: the
         count of all fills and the median / p99 of the last MASK_FILL_WINDOW; and the apply's per

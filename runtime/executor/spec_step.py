@@ -24,8 +24,7 @@ def sample_verify(runner: ModelRunner, step: LaunchedStep, hidden: torch.Tensor)
 
     Rows of request i: its last own token, then its d_i drafts (`LaunchedStep.sample_rows`, in
     sampler order). Row j samples as if the first j drafts were already its output (penalties,
-    min_new_tokens). A grammar request drafts nothing (DraftPolicy), so its one row is masked as
-    in a plain decode step."""
+    min_new_tokens) and is masked by the request's grammar in the state after those drafts."""
     batch = step.batch
     assert batch.drafts is not None
     reqs = [batch.reqs[i] for i in step.samplers]
@@ -33,13 +32,21 @@ def sample_verify(runner: ModelRunner, step: LaunchedStep, hidden: torch.Tensor)
     counts = [len(d) + 1 for d in drafts]
     rows_t = to_device(step.sample_rows, torch.int64, runner.device)
     logits = runner.model.compute_logits(hidden[rows_t])  # [R, V]
-    masked = runner.masks.fill(batch.reqs, step.samplers)
+    starts = _starts(counts)
+    # constrained requests: without drafts, one row masked as in a decode step; with drafts, a
+    # mask per row (the grammar walked along the drafts)
+    plain = [i for i, d in zip(step.samplers, drafts, strict=True) if not d]
+    masked = runner.masks.fill(batch.reqs, plain)
     if masked:
-        starts = _starts(counts)
-        first = to_device(starts, torch.int64, runner.device)  # each request's first row
+        first = to_device([starts[step.samplers.index(i)] for i in plain], torch.int64,
+                          runner.device)  # fmt: skip
         sub = logits[first]
-        runner.masks.apply(batch.reqs, step.samplers, masked, sub)
+        runner.masks.apply(batch.reqs, plain, masked, sub)
         logits[first] = sub
+    walks = [(r, d, at) for r, d, at in zip(reqs, drafts, starts, strict=True)
+             if d and r.grammar is not None and not r.finished]  # fmt: skip
+    if walks:
+        runner.masks.apply_drafts(walks, logits)
     rows: list[SamplingInputs] = []
     for req, draft in zip(reqs, drafts, strict=True):
         base = req.sampling or runner.sampling_inputs(req)

@@ -47,15 +47,15 @@ class DraftPolicy:
     still generate after the step's own token. A request whose drafts are mostly rejected (its
     moving acceptance below PROBE_BELOW) drafts one token only, a probe that costs one more row
     of the verify forward and lets its average recover when the text turns repetitive again.
-    A request with a grammar drafts nothing (its drafts would need masks per position).
+    A constrained request's drafts are cut at the first token its grammar refuses (the target,
+    masked, would reject it); tokens the grammar forces are appended without drafting at all
+    (jump-forward: finish.jump_forward).
     """
 
     def __init__(self, k: int) -> None:
         self.k = k
 
     def drafts_for(self, req: Req, counts: SpecCounts) -> int:
-        if req.grammar is not None:
-            return 0
         room = req.remaining_new_tokens - 1
         want = 1 if counts.acceptance < PROBE_BELOW else self.k
         return max(min(want, room), 0)
@@ -105,7 +105,7 @@ class Speculator:
                     self.config.speculative_ngram_max_match_window_size,
                 )
             drafter.sync(req)
-            req.pending_draft = drafter.propose(d)
+            req.pending_draft = grammar_prefix(req, drafter.propose(d))
             return len(req.pending_draft)
         return d
 
@@ -136,9 +136,26 @@ class Speculator:
             return drafts
         assert self.propose_fn is not None, "speculative_algorithm='draft' without a draft model"
         tokens, probs = self.propose_fn(running, want)
-        for req, p in zip(running, probs, strict=True):
+        drafts = []
+        for req, t, p, d in zip(running, tokens, probs, want, strict=True):
             req.draft_probs = p
-        return [t[:d] for t, d in zip(tokens, want, strict=True)]
+            drafts.append(grammar_prefix(req, t[:d]))
+        return drafts
+
+
+def grammar_prefix(req: Req, drafts: list[int]) -> list[int]:
+    """The drafts up to the first one the request's grammar refuses (all without a grammar);
+    the matcher is left as it was."""
+    grammar = req.grammar
+    if grammar is None or not drafts:
+        return drafts
+    n = 0
+    for token in drafts:
+        if not grammar.accept_token(token):
+            break
+        n += 1
+    grammar.rollback(n)
+    return drafts[:n]
 
 
 def append_verified(req: Req, tokens: list[int], eos_ids: frozenset[int]) -> int:

@@ -20,10 +20,14 @@ EOS = 2  # <|im_end|>
 FORCE_WORLD = {"logit_bias": {str(WORLD): 100.0}}
 
 
-@pytest.fixture(scope="module", params=["off", "on"], ids=["plain", "overlap"])
+@pytest.fixture(scope="module", params=["off", "on", "ngram"], ids=["plain", "overlap", "ngram"])
 def engine(tiny_model_dir: Path, request: pytest.FixtureRequest) -> Any:
-    """Every feature both ways: overlap scheduling (the CUDA default) forced on, and off."""
-    with weft.Engine(str(tiny_model_dir), seed=0, overlap_schedule=request.param) as eng:
+    """Every feature three ways: overlap scheduling (the CUDA default) forced on, off, and with
+    speculative decoding (n-gram drafts; the random model repeats itself, so they are taken)."""
+    mode = request.param
+    extra = {"speculative_algorithm": "ngram"} if mode == "ngram" else {}
+    overlap = "off" if mode == "ngram" else mode
+    with weft.Engine(str(tiny_model_dir), seed=0, overlap_schedule=overlap, **extra) as eng:
         yield eng
 
 

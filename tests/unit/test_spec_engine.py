@@ -5,12 +5,15 @@ retract, stop ids and max_new_tokens; drafts are accepted; KV slots are conserve
 from __future__ import annotations
 
 import random
+import re
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from weft.runtime.config import EngineConfig
+from weft.runtime.executor.distributed import Inbox
 from weft.runtime.ipc.messages import TokenizedGenerateReq
 from weft.runtime.sampling_params import SamplingParams
 from weft.runtime.scheduler.scheduler import Scheduler
@@ -86,8 +89,13 @@ def run(model: Path, reqs: list[tuple[list[int], SamplingParams]], logprobs: boo
         msg.return_logprob = logprobs
         sched.add_request(msg)
     steps = 0
-    while sched.has_work():
-        sched.process_results(sched.launch(sched.schedule()))
+    while sched.has_work() or sched.grammars.pending:  # run_forever's loop, without a channel
+        ready, failed = sched.grammars.scan()
+        sched.apply(Inbox(ready, failed, []))
+        batch = sched.schedule()
+        sched.process_results(sched.launch(batch))
+        if batch is None:
+            time.sleep(0.005)  # grammars compiling
         steps += 1
         assert steps < 3000, "the scheduler does not finish"
     sched.settle()
@@ -131,3 +139,34 @@ def test_ngram_greedy_equals_plain(chaotic_model: Path, plain: Outputs, case: st
     assert 0 < st["spec_accepted_tokens"] < st["spec_draft_tokens"]
     if case.startswith("short pool"):
         assert st["retractions"] > 0
+
+
+WORDS = r"(ab|cd|abc|dab)( (ab|cd|abc|dab)){30}"
+
+
+def constrained(tokenizer: Any) -> list[tuple[list[int], SamplingParams]]:
+    """Regex-constrained greedy requests over a small alphabet, prompts in the same words: the
+    output repeats n-grams of the prompt and of itself, and the grammar forces some tokens."""
+    rng = random.Random(11)
+    out = []
+    for _ in range(6):
+        text = " ".join(rng.choice(["ab", "cd", "abc", "dab"]) for _ in range(rng.randrange(8, 20)))
+        params = SamplingParams(temperature=0, max_new_tokens=rng.randrange(20, 50), regex=WORDS)
+        out.append((tokenizer.encode(text), params))
+    return out
+
+
+def test_ngram_constrained_greedy_equals_plain(chaotic_model: Path) -> None:
+    page_size = 4
+    from transformers import AutoTokenizer
+
+    reqs = constrained(AutoTokenizer.from_pretrained(chaotic_model))
+    plain, _ = run(chaotic_model, reqs, page_size=page_size)
+    spec, sched = run(chaotic_model, reqs, page_size=page_size, speculative_algorithm="ngram")
+    assert same_ids(spec, plain)
+    st = sched.stats
+    assert 0 < st["spec_accepted_tokens"] < st["spec_draft_tokens"]
+    tok = AutoTokenizer.from_pretrained(chaotic_model)
+    for ids, _, finish in spec.values():  # each output is a prefix of the regex's language
+        text = tok.decode(ids)
+        assert re.fullmatch(WORDS, text) or finish == "length", (text, finish)

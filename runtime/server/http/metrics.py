@@ -90,6 +90,18 @@ class Metrics:
         self.hit_rate = Gauge(
             "weft_prefix_cache_hit_rate", "Cached prompt tokens / prompt tokens so far", registry=r
         )
+        # speculative decoding, over the server's life (SGLang reports both as gauges)
+        self.spec_accept_rate = Gauge(
+            "weft_spec_accept_rate",
+            "Speculative decoding: draft tokens accepted / draft tokens verified (0 before any)",
+            registry=r,
+        )
+        self.spec_accept_length = Gauge(
+            "weft_spec_accept_length",
+            "Speculative decoding: mean tokens a request gets per verify step, accepted drafts "
+            "plus the verified token (0 before any)",
+            registry=r,
+        )
         self.mask_fill = Gauge(
             "weft_grammar_mask_fill_microseconds",
             "Scheduler-thread time per constrained request and step in mask filling, over the "
@@ -135,6 +147,11 @@ class Metrics:
         self.new_token_ratio.set(float(sched["new_token_ratio"]))
         prompt = int(sched.get("prompt_tokens", 0))
         self.hit_rate.set(int(sched.get("cached_tokens", 0)) / prompt if prompt else 0.0)
+        steps = int(sched.get("spec_verify_steps", 0))
+        drafted = int(sched.get("spec_draft_tokens", 0))
+        accepted = int(sched.get("spec_accepted_tokens", 0))
+        self.spec_accept_rate.set(accepted / drafted if drafted else 0.0)
+        self.spec_accept_length.set((accepted + steps) / steps if steps else 0.0)
         fills = sched.get("mask_fill", {})
         for quantile, key in (("0.5", "p50_us"), ("0.99", "p99_us")):
             self.mask_fill.labels(quantile).set(float(fills.get(key, 0.0)))
