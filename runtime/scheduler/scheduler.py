@@ -91,10 +91,12 @@ class Scheduler:
         # can overlap, and with many constrained requests some always have forced tokens.
         self.jump_forward = not config.disable_jump_forward and not self.overlap.enabled
         self.speculator = (
-            Speculator(config, self.cache, None)
+            Speculator(config, self.cache, self.stats, None)
             if config.speculative_algorithm is not None
             else None
         )
+        if self.speculator is not None:
+            self.clock.listener = self.speculator.costs.observe
         self.policy = BatchPolicy(
             config, self.cache, self.queues, self.overlap, self.stats, self.speculator
         )

@@ -17,6 +17,9 @@ from weft.runtime.scheduler.request import Req
 # draft-length policy (see DraftPolicy)
 ACCEPT_EMA = 0.5  # weight of the newest step in a request's acceptance average
 PROBE_BELOW = 0.15  # a request accepting fewer than this share of its drafts gets one, a probe
+# whether to speculate at all (see StepCosts)
+STEP_EMA = 0.2  # weight of the newest step in the step-time and tokens-per-step averages
+REVISIT_EVERY = 32  # a batch-size class re-measures its less used kind of step this often
 
 # the draft model's proposals: (requests, drafts per request) -> tokens, draft probabilities
 ProposeFn = Callable[[list[Req], list[int]], tuple[list[list[int]], list[object]]]
@@ -61,6 +64,65 @@ class DraftPolicy:
         return max(min(want, room), 0)
 
 
+def size_class(batch_size: int) -> int:
+    """Batch sizes measured together: powers of two (1, 2, 4, ...)."""
+    return 1 << (batch_size - 1).bit_length()
+
+
+@dataclass
+class ClassCosts:
+    """Moving averages of one batch-size class: seconds per plain decode step and per verify
+    step, and tokens each request got per verify step."""
+
+    decode_s: float | None = None
+    verify_s: float | None = None
+    tokens_per_req: float | None = None
+    choices: int = 0
+
+
+class StepCosts:
+    """Speculation pays when a verify step gives more tokens per second than a plain decode
+    step: tokens_per_req / verify_s >= 1 / decode_s, both measured while serving, per batch-size
+    class (the cost of verifying k more tokens per request grows with the batch as the step
+    turns from reading weights to computing; acceptance depends on the text). A class first
+    tries both kinds of step, then takes the faster, and every REVISIT_EVERY choices runs the
+    other kind once so that a change (other text, longer contexts) is seen."""
+
+    def __init__(self, stats: dict[str, int]) -> None:
+        self.stats = stats
+        self.classes: dict[int, ClassCosts] = {}
+        self._seen = (0, 0)  # verify steps and accepted drafts already counted
+
+    def speculate(self, batch_size: int) -> bool:
+        c = self.classes.setdefault(size_class(batch_size), ClassCosts())
+        c.choices += 1
+        if c.verify_s is None:
+            return True
+        if c.decode_s is None:
+            return False
+        better = (c.tokens_per_req or 1.0) / c.verify_s >= 1.0 / c.decode_s
+        return better != (c.choices % REVISIT_EVERY == 0)
+
+    def observe(self, kind: str, batch_size: int, seconds: float) -> None:
+        """StepClock's listener: a decode or verify step took `seconds`, launch to launch."""
+        if kind not in ("decode", "verify"):
+            return
+        c = self.classes.setdefault(size_class(batch_size), ClassCosts())
+        if kind == "decode":
+            c.decode_s = _ema(c.decode_s, seconds)
+            return
+        c.verify_s = _ema(c.verify_s, seconds)
+        steps, accepted = self.stats["spec_verify_steps"], self.stats["spec_accepted_tokens"]
+        d_steps, d_acc = steps - self._seen[0], accepted - self._seen[1]
+        self._seen = (steps, accepted)
+        if d_steps > 0:  # (the verify step's results are processed before the next launch)
+            c.tokens_per_req = _ema(c.tokens_per_req, (d_acc + d_steps) / d_steps)
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else STEP_EMA * new + (1 - STEP_EMA) * old
+
+
 class Speculator:
     """Builds the decode batch with drafts (the verify step) and settles it afterwards.
 
@@ -72,10 +134,15 @@ class Speculator:
     """
 
     def __init__(
-        self, config: EngineConfig, cache: KVCacheManager, propose: ProposeFn | None = None
+        self,
+        config: EngineConfig,
+        cache: KVCacheManager,
+        stats: dict[str, int],
+        propose: ProposeFn | None = None,
     ) -> None:
         self.config = config
         self.cache = cache
+        self.costs = StepCosts(stats)
         self.policy = DraftPolicy(config.speculative_num_draft_tokens - 1)
         self.propose_fn = propose
         self.ngram = config.speculative_algorithm == "ngram"
@@ -83,6 +150,8 @@ class Speculator:
     def build(self, running: list[Req]) -> Batch:
         """The decode batch of `running` (already retracted to fit one token each) with drafts
         where their slots fit; without any draft, the plain decode batch."""
+        if not self.costs.speculate(len(running)):
+            return build_decode_batch(running, self.cache)
         want = [self._draft_len(r) for r in running]
         want = self._fit(running, want)
         if not any(want):

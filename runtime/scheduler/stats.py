@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 from weft.runtime.executor.batch import Batch, ForwardMode
 
@@ -40,7 +41,9 @@ class StepClock:
         self.counts: dict[str, int] = dict.fromkeys(COUNTERS, 0)
         self.busy_periods: deque[tuple[float, float]] = deque(maxlen=BUSY_PERIODS)
         self._busy_since: float | None = None
-        self._last_launch: tuple[str, float] | None = None
+        self._last_launch: tuple[str, float, int] | None = None  # kind, time, batch size
+        # told each timed step: (kind, batch size, seconds launch to launch)
+        self.listener: Callable[[str, int, float], None] | None = None
 
     def launching(self, batch: Batch | None) -> None:
         """A step is about to launch (None: none is): the time since the last launch goes to
@@ -48,8 +51,10 @@ class StepClock:
         get_state answered in between sees every step whose results it may have seen."""
         now = time.perf_counter()
         if self._last_launch is not None:
-            kind, at = self._last_launch
+            kind, at, size = self._last_launch
             self.counts[f"{kind}_us"] += int((now - at) * 1e6)
+            if self.listener is not None:
+                self.listener(kind, size, now - at)
         if batch is None:
             self._last_launch = None
             return
@@ -63,7 +68,7 @@ class StepClock:
             else "extend"
         )
         self.counts[f"{kind}_steps"] += 1
-        self._last_launch = (kind, now)
+        self._last_launch = (kind, now, batch.size)
 
     def idle(self) -> None:
         """Nothing to do: the last step is followed by a wait (not counted), a busy period ends."""

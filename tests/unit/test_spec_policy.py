@@ -1,0 +1,91 @@
+"""Speculative decoding's host-side parts: the n-gram drafter's matches, the draft-length policy,
+and the measured choice between verify and plain decode steps per batch-size class."""
+
+from __future__ import annotations
+
+from kv_helpers import make_req
+
+from weft.runtime.scheduler.ngram import NgramDrafter
+from weft.runtime.scheduler.speculative import (
+    REVISIT_EVERY,
+    DraftPolicy,
+    SpecCounts,
+    StepCosts,
+    size_class,
+)
+
+
+def drafter_for(tokens: list[int], lo: int = 1, hi: int = 4) -> NgramDrafter:
+    d = NgramDrafter(lo, hi)
+    d.sync(make_req("r", tokens))
+    return d
+
+
+def test_longest_then_latest_match() -> None:
+    # suffix [2, 3]: matches at 1..2 (followed by 9) and at 5..6 (followed by 7); [1, 2, 3]
+    # only at 0..2: the longest wins over the latest
+    toks = [1, 2, 3, 9, 8, 2, 3, 7, 1, 2, 3]
+    assert drafter_for(toks).propose(3) == [9, 8, 2]
+    # without the longer match the latest of the equal ones wins
+    toks = [5, 2, 3, 9, 8, 2, 3, 7, 6, 2, 3]
+    assert drafter_for(toks).propose(2) == [7, 6]
+
+
+def test_no_match_and_window_bounds() -> None:
+    assert drafter_for([1, 2, 3, 4]).propose(3) == []
+    assert drafter_for([1, 2, 1, 3, 1], lo=2).propose(3) == []  # only 1-token matches
+    assert drafter_for([1, 2, 1, 3, 1], lo=1).propose(3) == [3, 1]
+    assert drafter_for([4, 4, 4]).propose(0) == []
+
+
+def test_sync_appends_only_the_new_tail() -> None:
+    req = make_req("r", [1, 2, 3, 1])
+    d = NgramDrafter(1, 3)
+    d.sync(req)
+    assert d.propose(2) == [2, 3]
+    req.output_ids += [2, 3, 5]
+    d.sync(req)
+    assert d.propose(5) == []  # the new last token, 5, never came before
+    for n in range(3000):  # the buffer grows past its first size
+        req.output_ids.append(n % 7)
+    d.sync(req)
+    full = req.fill_ids
+    assert d.propose(3) == full[len(full) - 7 : len(full) - 4]  # one period back
+
+
+def test_draft_policy_caps_and_probes() -> None:
+    req = make_req("r", [1, 2, 3])
+    req.max_new_tokens = 10
+    policy = DraftPolicy(4)
+    counts = SpecCounts()
+    assert policy.drafts_for(req, counts) == 4
+    req.output_ids = [0] * 8  # two tokens left: the step's own one and one draft
+    assert policy.drafts_for(req, counts) == 1
+    req.output_ids = []
+    for _ in range(6):
+        counts.record(4, 0)
+    assert policy.drafts_for(req, counts) == 1  # a probe
+    for _ in range(4):
+        counts.record(1, 1)
+    assert policy.drafts_for(req, counts) == 4
+
+
+def test_step_costs_choose_the_faster_kind_and_revisit() -> None:
+    stats = {"spec_verify_steps": 0, "spec_accepted_tokens": 0}
+    costs = StepCosts(stats)
+    assert size_class(5) == 8 and size_class(1) == 1 and size_class(64) == 64
+    assert costs.speculate(8)  # first a verify step ...
+    stats["spec_verify_steps"] += 8
+    stats["spec_accepted_tokens"] += 8  # 2 tokens per request per verify step
+    costs.observe("verify", 8, 0.015)
+    assert not costs.speculate(8)  # ... then a plain one
+    costs.observe("decode", 8, 0.010)
+    # 2 tokens / 15 ms beats 1 token / 10 ms: speculate, except one revisit in REVISIT_EVERY
+    picks = [costs.speculate(8) for _ in range(2 * REVISIT_EVERY)]
+    assert picks.count(False) == 2
+    # the verify step slows down (a bigger batch computing more): plain decode wins
+    for _ in range(20):
+        costs.observe("verify", 8, 0.030)
+    picks = [costs.speculate(8) for _ in range(REVISIT_EVERY)]
+    assert picks.count(True) == 1
+    assert costs.speculate(1)  # another class measures for itself
