@@ -3,22 +3,33 @@ and at its drafts, grammar masks, and the accepted tokens with their logprobs.""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from weft.runtime.executor.grammar_masks import GrammarMasks
 from weft.runtime.executor.logprobs import gather_logprobs
-from weft.runtime.executor.sampler import SamplingInputs
+from weft.runtime.executor.sampler import Sampler, SamplingInputs
 from weft.runtime.executor.spec_verify import verify_drafts
 from weft.runtime.executor.transfer import to_device
 
 if TYPE_CHECKING:
-    from weft.runtime.executor.model_runner import ModelRunner
     from weft.runtime.executor.step import LaunchedStep
     from weft.runtime.scheduler.request import Req
 
 
-def sample_verify(runner: ModelRunner, step: LaunchedStep, hidden: torch.Tensor) -> None:
+class VerifyRunner(Protocol):
+    """What a verify step needs of the model runner."""
+
+    device: torch.device
+    model: Any
+    masks: GrammarMasks
+    sampler: Sampler
+
+    def sampling_inputs(self, req: Req) -> SamplingInputs: ...
+
+
+def sample_verify(runner: VerifyRunner, step: LaunchedStep, hidden: torch.Tensor) -> None:
     """Verify the drafts of `step` (a batch with drafts): each sampling request gets its
     accepted drafts and one more token (`ReqStepResult.spec_ids`), waiting for the device.
 
