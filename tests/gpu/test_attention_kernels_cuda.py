@@ -174,7 +174,7 @@ def test_decode_and_extend_attention_read_an_fp8_pool() -> None:
     ext_args = (q, k, v, k_buffer, v_buffer, table, rows, *lens_args)
     expected = ref.extend_attention_ref(*ext_args, 128**-0.5)
     stored = (k_buffer[loc].float(), v_buffer[loc].float())
-    upcast = (k_buffer.float(), v_buffer.float())  # a pool of another dtype: k/v read as given
+    upcast = (k_buffer.float(), v_buffer.float())  # not fp8: the reference reads k/v as given
     assert_close(expected, ref.extend_attention_ref(q, *stored, *upcast, *ext_args[5:], 128**-0.5),
                  1e-5)  # fmt: skip
     for pack_gqa in (True, False):  # V staged (the CUDA default), packed or per q head
