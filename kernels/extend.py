@@ -1,5 +1,6 @@
 """Extend (prefill) attention: new tokens attend to their cached prefix in the pool, then causally to
-each other; ragged batches, any page size, GQA (packed: a kv head's q heads in one program)."""
+each other; ragged batches, any page size, GQA (packed: a kv head's q heads in one program).
+Over an fp8 pool the new tokens' K/V are read back from the pool too (quantized, as decode sees them)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import triton
 import triton.language as tl
 
 from .attend import LOG2E, _e4m3_to_f16_here, fp8_v_staging, fp16_dots
-from .common import INDEX_DTYPES, check_tensor, kv_dtypes
+from .common import FP8_KV, INDEX_DTYPES, check_tensor, kv_dtypes
 
 
 @triton.jit
@@ -50,12 +51,14 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
     V_STAGED: tl.constexpr,  # the prefix's V tiles converted where loaded (attend.py's `_attend`)
     HAS_WORK: tl.constexpr,  # a 1-D grid over (Work item, head group); else (B, H / PACK, blocks)
     HEAD_GROUPS: tl.constexpr,  # H / PACK
+    NEW_FROM_POOL: tl.constexpr,  # the new tokens' K/V read from the pool (an fp8 pool), not K/V
 ):
     # One program: q heads hp*PACK .. hp*PACK+PACK-1 (kv head kvh's when packed) over
     # BLOCK_T = BLOCK_M // PACK new tokens of request b; each K/V tile is loaded once for them all.
     #
     #   query row r:  new token m_blk*BLOCK_T + r // PACK,  q head hp*PACK + r % PACK
-    #   keys of request b:  [ prefix (pool, via req_to_token) | new 0 .. ext-1 (K/V) ]
+    #   keys of request b:  [ prefix (pool, via req_to_token) | new 0 .. ext-1 (K/V; the pool's
+    #                                                             slots prefix+0.. if NEW_FROM_POOL) ]
     #   new token i (i < ext):   sees all prefix keys              sees new keys 0..i
     if HAS_WORK:
         w = tl.program_id(0) // HEAD_GROUPS
@@ -116,22 +119,38 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
             m_i = m_new
 
         # stage 2: the new tokens themselves, causal by each row's token; blocks past this
-        # program's tokens are skipped
+        # program's tokens are skipped. NEW_FROM_POOL: from the slots the caller stored them in
+        # (quantized), read and converted as stage 1 reads the prefix
         end = tl.minimum(ext_len, (m_blk + 1) * BLOCK_T)
+        q2 = q
+        if NEW_FROM_POOL:
+            q2 = q1
         for n0 in range(0, end, BLOCK_N):
             n = n0 + offs_n
             n_mask = n < end
             kv_mask = n_mask[:, None] & d_mask[None, :]
-            k_ptrs = K + (first + n)[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
-            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+            if NEW_FROM_POOL:
+                slot = tl.load(Req_to_token + row * stride_rr + prefix + n, mask=n_mask, other=0)
+                slot = slot.to(tl.int64)
+                k_ptrs = K_buf + slot[:, None] * stride_kbt + kvh * stride_kbh + offs_d[None, :]
+                v_ptrs = V_buf + slot[:, None] * stride_vbt + kvh * stride_vbh + offs_d[None, :]
+                k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q2.dtype)
+            else:
+                k_ptrs = K + (first + n)[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
+                v_ptrs = V + (first + n)[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
+                k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+            s = tl.dot(q2, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
             s = tl.where(n_mask[None, :] & (n[None, :] <= tok[:, None]), s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v_ptrs = V + (first + n)[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
             v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
+            if NEW_FROM_POOL:
+                if V_STAGED:
+                    v = _e4m3_to_f16_here(v)
+                else:
+                    v = v.to(q2.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m_i = m_new
 
@@ -164,6 +183,13 @@ def extend_attention(
     Request b's new tokens are rows extend_start_loc[b] + [0, extend_lens[b]) of q/k/v/out; its
     prefix keys are the slots req_to_token[req_rows[b], :prefix_lens[b]]. New token i (position
     prefix + i) sees the whole prefix and new tokens 0..i. q head h reads kv head h // (H / Hkv).
+
+    Over an fp8 pool the new tokens' keys and values are read from their slots
+    req_to_token[req_rows[b], prefix_lens[b] + i], where the caller has stored them: a token then
+    attends to the same quantized K/V whichever step computes it (a prompt in one chunk or two,
+    over a cached prefix or not, an extend or a decode), as the torch and flashinfer backends and
+    vLLM's paged prefill do; k and v give only their shapes. Over a pool of q's dtype the stored
+    values equal k and v, which are read directly (contiguous, no slot lookup).
 
     `max_extend_len` (>= every extend_lens[b]) sizes the grid; pass it from the CPU copy to avoid a
     device sync. `pack_gqa`: one program serves all H / Hkv q heads of a kv head, so each K/V tile
@@ -227,6 +253,7 @@ def extend_attention(
         BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
         FP16_DOTS=fp16_dots(q, k_buffer), V_STAGED=fp8_v_staging(q, k_buffer),
         HAS_WORK=work is not None, HEAD_GROUPS=heads // pack,
+        NEW_FROM_POOL=k_buffer.dtype == FP8_KV,
         num_warps=num_warps or (8 if block_m * dim >= (32 if fp32 else 128) * 128 else 4),
         num_stages=2,
     )  # fmt: skip

@@ -40,18 +40,25 @@ def extend_attention_ref(
     extend_start_loc: torch.Tensor,  # [B] first row of each request in q/k/v
     scale: float,
 ) -> torch.Tensor:  # [T, H, D] float32
-    """New query i of request b (position prefix+i) sees prefix keys and new keys 0..i."""
+    """New query i of request b (position prefix+i) sees prefix keys and new keys 0..i. Over an
+    fp8 pool the new keys and values are the pool's, at the slots after the prefix (stored there
+    by the caller, quantized), not k and v."""
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     group = q.shape[1] // k.shape[1]
+    from_pool = k_buffer.dtype == FP8_KV
     for b in range(req_rows.shape[0]):
         row, pre = int(req_rows[b]), int(prefix_lens[b])
         ext, start = int(extend_lens[b]), int(extend_start_loc[b])
         if ext == 0:
             continue
-        slots = req_to_token[row, :pre].long()  # [pre]
         new = slice(start, start + ext)
-        keys = torch.cat((k_buffer[slots].float(), k[new].float()))  # [pre+ext, Hkv, D]
-        vals = torch.cat((v_buffer[slots].float(), v[new].float()))
+        if from_pool:
+            slots = req_to_token[row, : pre + ext].long()  # [pre+ext]
+            keys, vals = k_buffer[slots].float(), v_buffer[slots].float()  # [pre+ext, Hkv, D]
+        else:
+            slots = req_to_token[row, :pre].long()  # [pre]
+            keys = torch.cat((k_buffer[slots].float(), k[new].float()))  # [pre+ext, Hkv, D]
+            vals = torch.cat((v_buffer[slots].float(), v[new].float()))
         keys = keys.repeat_interleave(group, dim=1)  # [pre+ext, H, D]; q head h uses kv head h//G
         vals = vals.repeat_interleave(group, dim=1)
         s = torch.einsum("qhd,khd->hqk", q[new].float(), keys) * scale  # [H, ext, pre+ext]

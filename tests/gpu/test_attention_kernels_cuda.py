@@ -148,7 +148,8 @@ def test_decode_l2_prefetch_changes_no_result(bsz: int) -> None:
 
 
 def test_decode_and_extend_attention_read_an_fp8_pool() -> None:
-    """kv_cache_dtype fp8_e4m3 at real shapes: bf16 queries over an e4m3 pool (read upcast)."""
+    """kv_cache_dtype fp8_e4m3 at real shapes: bf16 queries over an e4m3 pool (read upcast);
+    extend's new tokens stored there first (store_kv) and read back from it, as decode reads them."""
     fp8 = torch.float8_e4m3fn
     lens = ragged(24, 1, 2048)
     k_buffer, v_buffer, table, rows = random_pool(lens, 16, 8, 128, torch.bfloat16)
@@ -165,10 +166,17 @@ def test_decode_and_extend_attention_read_an_fp8_pool() -> None:
     tokens = sum(ext)
     q = torch.randn(tokens, 32, 128, dtype=torch.bfloat16, device=DEV)
     k, v = (torch.randn(tokens, 8, 128, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+    spans = enumerate(zip(prefix, ext, strict=True))
+    loc = torch.cat([table[rows[b], p : p + e] for b, (p, e) in spans])
+    wk.store_kv(k, v, k_buffer, v_buffer, loc)
     ext_t = torch.tensor(ext, device=DEV)
     lens_args = (torch.tensor(prefix, device=DEV), ext_t, torch.cumsum(ext_t, 0) - ext_t)
     ext_args = (q, k, v, k_buffer, v_buffer, table, rows, *lens_args)
     expected = ref.extend_attention_ref(*ext_args, 128**-0.5)
+    stored = (k_buffer[loc].float(), v_buffer[loc].float())
+    upcast = (k_buffer.float(), v_buffer.float())  # not fp8: the reference reads k/v as given
+    assert_close(expected, ref.extend_attention_ref(q, *stored, *upcast, *ext_args[5:], 128**-0.5),
+                 1e-5)  # fmt: skip
     for pack_gqa in (True, False):  # V staged (the CUDA default), packed or per q head
         out = torch.full_like(q, float("nan"))
         wk.extend_attention(*ext_args, out, 128**-0.5, max(ext), pack_gqa=pack_gqa)

@@ -127,16 +127,30 @@ FP8_BACKENDS = ["triton"] + (["flashinfer"] if importlib.util.find_spec("flashin
 @pytest.mark.parametrize("backend", FP8_BACKENDS)
 def test_fp8_kv_pool_backends_match_the_torch_backend(backend: str, page_size: int) -> None:
     """kv_cache_dtype fp8_e4m3: each CUDA backend over an fp8 pool gives the torch backend's
-    logits over the same fp8 pool (prefill chunks over cached prefixes, a mixed step, decode)."""
+    logits over the same fp8 pool (prefill chunks over cached prefixes, a mixed step, decode).
+    Every backend attends to all keys as the pool holds them, the step's new ones too (issue 40:
+    triton's extend read those fresh in bf16, 0.46 off at logit scale 5.2 in the first chunk).
+    NOTE: the bound is 3% of the logit scale (the bf16 test's 2%): a last-bit difference between
+    two backends' layer-0 outputs moves layer 1's keys across an e4m3 rounding step (6%). On CPU
+    (triton interpreted, fp16 dots) the torch/triton gap over this schedule's fp8 pool was 0.098 at
+    scale 5.0 with 2 layers, 0.047 with 1; over an fp16 pool 0.007, over fp8 0.036 (fp16 model).
+    It still tells an fp8 pool from a bf16 one: the torch backend's logits over the two differ by
+    more than the bound at every step (0.32-0.45 on CPU)."""
     from test_attention_backends import make_model, run_schedule
 
     model = make_model()
     expected = run_schedule(model, "torch", page_size, FP8)
     got = run_schedule(model, backend, page_size, FP8)
-    for step, (g, e) in enumerate(zip(got, expected, strict=True)):
+    bf16 = run_schedule(model, "torch", page_size)
+    for step, (g, e, b) in enumerate(zip(got, expected, bf16, strict=True)):
         err = (g - e).abs().max().item()
         scale = e.abs().max().item()
-        assert err <= 0.02 * scale + 1e-2, f"step {step}: max err {err} (logit scale {scale})"
+        bound = 0.03 * scale + 1e-2
+        gap = (b - e).abs().max().item()
+        print(f"{backend} page {page_size} step {step}: err {err:.4f}, fp8-bf16 gap {gap:.4f}, "
+              f"bound {bound:.4f}")  # fmt: skip
+        assert gap > bound, f"step {step}: the fp8 pool is only {gap} from bf16's logits"
+        assert err <= bound, f"step {step}: max err {err} (logit scale {scale})"
 
 
 def test_fp8_engine_against_its_bf16_twin(random_llama_d64: Path) -> None:

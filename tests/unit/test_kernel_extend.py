@@ -140,11 +140,24 @@ def test_store_kv(hkv: int, dim: int, src: torch.dtype, dst: torch.dtype) -> Non
 FP8 = torch.float8_e4m3fn
 
 
+def store_new_tokens(
+    pool: Any, prefix: list[int], ext: list[int], k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """k/v into the new tokens' slots (after each prefix) as the backends store them before
+    attention; returns the slots. (torch's e4m3 rounding: the interpreter's cast is not the GPU's.)"""
+    loc = torch.cat([pool.req_to_token[pool.req_rows[b], p : p + e]
+                     for b, (p, e) in enumerate(zip(prefix, ext, strict=True))])  # fmt: skip
+    ref.store_kv_ref(k, v, pool.k_buffer, pool.v_buffer, loc)
+    return loc
+
+
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.float16, torch.bfloat16])
 @interpreted
 def test_attention_reads_an_fp8_pool(q_dtype: torch.dtype) -> None:
     """kv_cache_dtype fp8_e4m3: decode and extend read the fp8 pool upcast to the queries' dtype
-    (the references upcast the same bytes); unowned slots stay NaN, so stray reads still show."""
+    (the references upcast the same bytes), extend's new tokens too, stored there first; unowned
+    slots stay NaN, so stray reads still show. (Under a bfloat16 q all dots over an fp8 pool run
+    in float16: the interpreter's bfloat16 dots are wrong, these are not.)"""
     lens = [5, 40, 17]
     pool = make_pool(lens, lens, 16, 2, 64, FP8)
     q = torch.randn(3, 8, 64).to(q_dtype)
@@ -152,15 +165,11 @@ def test_attention_reads_an_fp8_pool(q_dtype: torch.dtype) -> None:
     args = (pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows, torch.tensor(lens))
     wk.decode_attention(q, *args, out, 0.125, wk.DecodePlan(2, block_n=16))
     assert_close(out, ref.decode_attention_ref(q, *args, 0.125), TOL[q_dtype])
-    if q_dtype == torch.bfloat16:
-        # NOTE: decode and extend's prefix take an fp8 pool's dots in float16 (FP16_DOTS),
-        # extend's new tokens in the queries' dtype: the interpreter's bfloat16 dots are wrong
-        # (tests/gpu checks extend in bf16)
-        return
     prefix, ext = [16, 0, 30], [3, 5, 1]
     pool = make_pool([p + e for p, e in zip(prefix, ext, strict=True)], prefix, 16, 2, 64, FP8)
     tokens = sum(ext)
     q, k, v = (torch.randn(tokens, h, 64).to(q_dtype) for h in (8, 2, 2))
+    store_new_tokens(pool, prefix, ext, k, v)
     ext_t = torch.tensor(ext)
     lens_args = (torch.tensor(prefix), ext_t, torch.cumsum(ext_t, 0) - ext_t)
     ext_args = (q, k, v, pool.k_buffer, pool.v_buffer, pool.req_to_token, pool.req_rows)
@@ -169,6 +178,37 @@ def test_attention_reads_an_fp8_pool(q_dtype: torch.dtype) -> None:
         out = torch.full((tokens, 8, 64), NAN, dtype=q_dtype)
         launch = {"block_m": 16, "block_n": 16, "pack_gqa": pack_gqa}
         wk.extend_attention(*ext_args, *lens_args, out, 0.125, max(ext), **launch)
+        assert_close(out, expected, TOL[q_dtype])
+
+
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.float16])
+@interpreted
+def test_extend_over_an_fp8_pool_attends_to_the_stored_new_tokens(q_dtype: torch.dtype) -> None:
+    """Issue 40: over an fp8 pool the new tokens' K/V are read back from the pool (quantized, as
+    the decode kernel and the torch backend read them), not taken fresh from k/v, so a token's
+    attention does not depend on which step computed it. Page size 1, a request with no prefix
+    (a first prefill chunk reads nothing else from the pool), one over a prefix, a 1-token one."""
+    prefix, ext = [0, 16, 7], [21, 3, 1]
+    pool = make_pool([p + e for p, e in zip(prefix, ext, strict=True)], prefix, 1, 2, 64, FP8)
+    tokens = sum(ext)
+    q, k, v = (torch.randn(tokens, h, 64).to(q_dtype) for h in (8, 2, 2))
+    loc = store_new_tokens(pool, prefix, ext, k, v)
+    ext_t = torch.tensor(ext)
+    meta = (pool.req_to_token, pool.req_rows, torch.tensor(prefix), ext_t,
+            torch.cumsum(ext_t, 0) - ext_t)  # fmt: skip
+    # the same attention over float32 copies: the pool's upcast values, or k/v as they came
+    upcast = (pool.k_buffer.float(), pool.v_buffer.float())
+    stored = (pool.k_buffer[loc].float(), pool.v_buffer[loc].float())
+    expected = ref.extend_attention_ref(q, *stored, *upcast, *meta, 0.125)
+    fresh = ref.extend_attention_ref(q, k.float(), v.float(), *upcast, *meta, 0.125)
+    gap = ((fresh - expected).norm() / expected.norm()).item()
+    assert gap > 5 * TOL[q_dtype], f"the two readings differ by only {gap:.3g}"
+    args = (q, k, v, pool.k_buffer, pool.v_buffer, *meta)
+    assert_close(ref.extend_attention_ref(*args, 0.125), expected, 1e-6)  # the fp8 reference
+    for pack_gqa in (True, False):
+        out = torch.full((tokens, 8, 64), NAN, dtype=q_dtype)
+        launch = {"block_m": 16, "block_n": 16, "pack_gqa": pack_gqa}
+        wk.extend_attention(*args, out, 0.125, max(ext), **launch)
         assert_close(out, expected, TOL[q_dtype])
 
 
