@@ -122,31 +122,74 @@ def _verify_sampled(
     n = len(counts)
     own = [s + j for s, c in zip(starts, counts, strict=True) for j in range(c)]
     own_rows = [rows[k] for k in own]
-    weights = sampler.probs(x[to_device(own, torch.int64, device)], own_rows)  # [Rs, V]
-    p = weights / weights.sum(dim=-1, keepdim=True)  # [Rs, V] the target's distributions
-    local = list(itertools.accumulate(counts, initial=0))[:-1]  # each request's first row in p
+    picked = x if len(own) == x.shape[0] else x[to_device(own, torch.int64, device)]
+    weights = sampler.probs(picked, own_rows)  # [Rs, V] p up to each row's sum
+    sums = weights.sum(dim=-1, keepdim=True)  # [Rs, 1]
+    local = list(itertools.accumulate(counts, initial=0))[:-1]  # each request's first row
     heads = [own_rows[s] for s in local]
     first = to_device(local, torch.int64, device)  # [n]
     rows_d, req_d, pos_d, ids_d = _draft_index(local, drafts)
     if not ids_d:  # no drafts at all: plain sampling of one token per request
         return torch.zeros(n, dtype=torch.int64, device=device), sampler.draw(weights[first], heads)
     ids = to_device(ids_d, torch.int64, device)  # [Ds] draft tokens, requests back to back
-    q = _draft_distributions(drafts, draft_probs, ids, V, device)  # [Ds, V]
-    ds = torch.arange(len(ids_d), device=device)
-    p_x = p[to_device(rows_d, torch.int64, device), ids]  # [Ds]
-    q_x = q[ds, ids]  # [Ds]
+    at = to_device(rows_d, torch.int64, device)  # [Ds] their rows
+    p_x = weights[at, ids] / sums[at, 0]  # [Ds]
+    q = _DraftQ(drafts, draft_probs, ids, device)
     lengths = [c - 1 for c in counts]
-    accept = _accept(_uniforms(sampler, heads, lengths, device), p_x, q_x)
+    accept = _accept(_uniforms(sampler, heads, lengths, device), p_x, q.at_drafts())
     a = _accepted_lengths(accept, req_d, pos_d, n, max(lengths), device)  # [n]
-    # the rejected draft's q row per request (a request that accepted all takes its bonus)
-    d = to_device(lengths, torch.int64, device)  # [n]
+    # NOTE: row first + a is the first rejected draft's row, or the bonus row past the drafts
+    stop = first + a  # [n]
+    rejected = a < to_device(lengths, torch.int64, device)  # [n]
     q_first = to_device(list(itertools.accumulate(lengths, initial=0))[:-1], torch.int64, device)
-    rejected = a < d  # [n]
-    q_at = q[(q_first + a).clamp_(max=len(ids_d) - 1)] * rejected.unsqueeze(1)  # [n, V]
-    residual = _residual(p[first + a], q_at)  # [n, V]
+    q_rows = q.rows((q_first + a).clamp_(max=len(ids_d) - 1), V)  # [n, V] (junk where accepted)
+    residual = _residual(weights[stop] / sums[stop], q_rows)  # [n, V]
     use_residual = rejected & (residual.sum(dim=-1) > 0)  # all 0 only where p == q
-    dist = torch.where(use_residual.unsqueeze(1), residual, weights[first + a])  # [n, V]
+    dist = torch.where(use_residual.unsqueeze(1), residual, weights[stop])  # [n, V]
     return a, sampler.draw(dist, heads)
+
+
+class _DraftQ:
+    """The draft distributions q of the draft tokens (requests back to back): one-hot at the
+    token for deterministic drafts, never built as a [Ds, V] tensor of them."""
+
+    def __init__(
+        self,
+        drafts: Sequence[Sequence[int]],
+        draft_probs: Sequence[torch.Tensor | None],
+        ids: torch.Tensor,  # int64 [Ds] the draft tokens
+        device: torch.device,
+    ) -> None:
+        self.ids = ids
+        given = [p for d, p in zip(drafts, draft_probs, strict=True) if p is not None and d]
+        self.probs = (  # float32 [Dp, V]: the given rows, back to back
+            torch.cat([p.to(device=device, dtype=torch.float32) for p in given]) if given else None
+        )
+        where: list[int] = []  # per draft token: its row in self.probs, or -1 (one-hot)
+        taken = 0
+        for d, p in zip(drafts, draft_probs, strict=True):
+            if p is None:
+                where += [-1] * len(d)
+            else:
+                where += range(taken, taken + len(d))
+                taken += len(d)
+        self.where = to_device(where, torch.int64, device)  # [Ds]
+
+    def at_drafts(self) -> torch.Tensor:
+        """float32 [Ds]: q_j(x_j) of each draft token."""
+        q_x = torch.ones(self.ids.shape[0], dtype=torch.float32, device=self.ids.device)
+        if self.probs is not None:
+            given = self.where >= 0
+            q_x = torch.where(given, self.probs[self.where.clamp(min=0), self.ids], q_x)
+        return q_x
+
+    def rows(self, k: torch.Tensor, V: int) -> torch.Tensor:
+        """float32 [n, V]: the q rows of draft tokens k [n]."""
+        q = torch.nn.functional.one_hot(self.ids[k], V).float()  # [n, V]
+        if self.probs is not None:
+            w = self.where[k]  # [n]
+            q = torch.where((w >= 0).unsqueeze(1), self.probs[w.clamp(min=0)], q)
+        return q
 
 
 def _accept(u: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
@@ -209,23 +252,6 @@ def _accepted_lengths(
     grid = torch.zeros(n, width, dtype=torch.int64, device=device)  # [n, max d] padding fails
     grid[to_device(reqs, torch.int64, device), to_device(pos, torch.int64, device)] = ok.long()
     return grid.cumprod(dim=1).sum(dim=1)
-
-
-def _draft_distributions(
-    drafts: Sequence[Sequence[int]],
-    draft_probs: Sequence[torch.Tensor | None],
-    ids: torch.Tensor,  # [Ds] the draft tokens back to back
-    V: int,
-    device: torch.device,
-) -> torch.Tensor:
-    """float32 [Ds, V]: each draft token's q row, one-hot where the draft is deterministic."""
-    q = torch.nn.functional.one_hot(ids, V).float()  # [Ds, V]
-    at = 0
-    for d, probs in zip(drafts, draft_probs, strict=True):
-        if probs is not None and d:
-            q[at : at + len(d)] = probs.to(device=device, dtype=torch.float32)
-        at += len(d)
-    return q
 
 
 def _check(

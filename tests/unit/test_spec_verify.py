@@ -225,6 +225,8 @@ SAMPLED_CASES = [
     (SamplingParams(), "draft-model"),
     (SamplingParams(temperature=0.7, top_k=4, top_p=0.9, min_p=0.05), "draft-model"),
     (SamplingParams(temperature=1.4, top_k=5, top_p=0.85), "one-hot"),
+    # penalties see the drafts before each row: p(. | a) loses 1.1 on token a
+    (SamplingParams(presence_penalty=0.8, frequency_penalty=0.3, min_p=0.1), "draft-model"),
 ]
 
 
@@ -232,7 +234,8 @@ SAMPLED_CASES = [
 def test_first_token_and_pair_follow_the_target(params, draft):
     first, pairs = _emit_pairs(params, draft, seed=17)
     p0 = ref_dist(L0, params)  # [V]
-    pt = ref_dist(LT, params)  # [V, V] rows: the next token's distribution
+    penalty = params.presence_penalty + params.frequency_penalty  # the first token is in output
+    pt = ref_dist(LT - penalty * torch.eye(V), params)  # [V, V] rows: p(next | first)
     assert chi2_pvalue(torch.bincount(first, minlength=V), p0) > 1e-4
     assert chi2_pvalue(pairs, p0.unsqueeze(1) * pt) > 1e-4
 
