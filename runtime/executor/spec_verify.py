@@ -47,7 +47,8 @@ def verify_drafts(
     Sampler's exponential race over the vocabulary), from its own generator when it has one,
     else from sampler.generator (uniforms of all such requests first, then their draws, in
     request order). A request with no drafts draws exactly as the Sampler does for that row.
-    The host waits for the device once, at the end.
+    The host waits for the device once, for the tokens at the end (plus the Sampler's own
+    top-p check, when a row's cut lies past its first window).
     """
     _check(sampler, logits, rows, counts, drafts, draft_probs)
     V = sampler.vocab_size
