@@ -29,7 +29,9 @@ def verify_drafts(
     rows: Sequence[SamplingInputs],  # [R]: row j of request i sees output + drafts[i][:j]
     counts: Sequence[int],  # per request: d_i + 1 consecutive rows
     drafts: Sequence[Sequence[int]],  # per request: its d_i draft tokens
-    draft_probs: Sequence[torch.Tensor | None],  # per request: [d_i, V] q, or None (one-hot q)
+    # per request: q [>= d_i, >= V] (its first d_i rows and V columns are read; columns past V
+    # must hold no mass), or None: deterministic drafts (q one-hot at each draft token)
+    draft_probs: Sequence[torch.Tensor | None],
     want_logprobs: bool = False,
 ) -> VerifyOutput:
     """The tokens each request keeps after one verify forward of the target over its drafts.
@@ -135,7 +137,7 @@ def _verify_sampled(
     ids = to_device(ids_d, torch.int64, device)  # [Ds] draft tokens, requests back to back
     at = to_device(rows_d, torch.int64, device)  # [Ds] their rows
     p_x = weights[at, ids] / sums[at, 0]  # [Ds]
-    q = _DraftQ(drafts, draft_probs, ids, device)
+    q = _DraftQ(drafts, draft_probs, ids, V, device)
     lengths = [c - 1 for c in counts]
     accept = _accept(_uniforms(sampler, heads, lengths, device), p_x, q.at_drafts())
     a = _accepted_lengths(accept, req_d, pos_d, n, max(lengths), device)  # [n]
@@ -159,10 +161,14 @@ class _DraftQ:
         drafts: Sequence[Sequence[int]],
         draft_probs: Sequence[torch.Tensor | None],
         ids: torch.Tensor,  # int64 [Ds] the draft tokens
+        V: int,
         device: torch.device,
     ) -> None:
         self.ids = ids
-        given = [p for d, p in zip(drafts, draft_probs, strict=True) if p is not None and d]
+        # NOTE: a chain cut short (grammar, max_new_tokens) keeps the q rows of its first drafts
+        given = [
+            p[: len(d), :V] for d, p in zip(drafts, draft_probs, strict=True) if p is not None and d
+        ]
         self.probs = (  # float32 [Dp, V]: the given rows, back to back
             torch.cat([p.to(device=device, dtype=torch.float32) for p in given]) if given else None
         )
@@ -283,9 +289,12 @@ def _check(
             )
         if any(not 0 <= t < V for t in d):
             raise ValueError(f"request {i}: draft token ids must be in [0, {V}), got {list(d)}")
-        if probs is not None and tuple(probs.shape) != (len(d), V):
+        if probs is not None and (
+            probs.dim() != 2 or probs.shape[0] < len(d) or probs.shape[1] < V
+        ):
             raise ValueError(
-                f"request {i}: draft_probs must be [{len(d)}, {V}], got {tuple(probs.shape)}"
+                f"request {i}: draft_probs must be [>= {len(d)} drafts, >= vocab {V}], "
+                f"got {tuple(probs.shape)}"
             )
         if len({rows[k].picks_argmax for k in range(at, at + c)}) != 1:
             raise ValueError(f"request {i}: its rows mix greedy and sampled parameters")

@@ -352,6 +352,8 @@ def test_bad_inputs_are_refused():
     bad: list[tuple[dict[str, Any], str]] = [
         ({"drafts": [[1, 9]]}, "draft token ids"),
         ({"draft_probs": [torch.zeros(1, V)]}, "draft_probs must be"),
+        ({"draft_probs": [torch.zeros(2, V - 1)]}, "draft_probs must be"),
+        ({"draft_probs": [torch.zeros(2 * V)]}, "draft_probs must be"),
         ({"draft_probs": [None, None]}, "one entry per request"),
     ]
     for change, message in bad:
@@ -364,3 +366,21 @@ def test_bad_inputs_are_refused():
     mixed = [*rows[:2], request_rows(SamplingParams(temperature=0.0), [1, 2])[2]]
     with pytest.raises(ValueError, match="mix greedy and sampled"):
         verify_drafts(sampler, logits, mixed, **ok)
+
+
+def test_longer_draft_probs_read_only_their_first_rows_and_the_vocabulary():
+    """A draft chain cut short (by a grammar, max_new_tokens) may pass the q it was drawn with
+    whole; a draft model's padded vocabulary columns are ignored."""
+    torch.manual_seed(8)
+    logits = torch.randn(3, V)
+    q = torch.softmax(torch.randn(4, V + 3), -1)
+    q[:, V:] = 0.0
+    rows = request_rows(SamplingParams(temperature=0.9), [2, 4])
+
+    def run(probs: torch.Tensor) -> list[VerifyOutput]:
+        sampler = Sampler(V, "cpu", seed=1)
+        return [verify_drafts(sampler, logits, rows, [3], [[2, 4]], [probs]) for _ in range(40)]
+
+    got, want = run(q), run(q[:2, :V].contiguous())
+    assert [o.tokens for o in got] == [o.tokens for o in want]
+    assert len({tuple(o.tokens[0]) for o in got}) > 1
