@@ -92,20 +92,19 @@ class Sampler:
         assert logits.dim() == 2 and logits.shape[0] == len(rows), (logits.shape, len(rows))
         assert logits.shape[1] >= self.vocab_size, (logits.shape, self.vocab_size)
         assert logits.device.type == self.device.type, (logits.device, self.device)
-        if all(r.plain for r in rows) or (
-            all(r.picks_argmax for r in rows) and not any(map(_needs_processing, rows))
-        ):
+        if argmax_only(rows):
             # fast path: argmax on the raw logits (bf16/fp16 -> fp32 is exact and monotonic)
             head = logits[:, : self.vocab_size]  # [B, V]
-            logprobs = self._logprobs(head.float(), rows) if want_logprobs else None
+            logprobs = self.logprobs(head.float(), rows) if want_logprobs else None
             return SampleOutput(argmax(head), logprobs)
         x = self.process(logits, rows)  # [B, V]
-        logprobs = self._logprobs(x, rows) if want_logprobs else None
+        logprobs = self.logprobs(x, rows) if want_logprobs else None
         next_ids = argmax(x)
         sampled = [i for i, r in enumerate(rows) if not r.picks_argmax]
         if sampled:
             idx = self._ints(sampled)
-            next_ids[idx] = self._sample(x[idx], [rows[i] for i in sampled])
+            picked = [rows[i] for i in sampled]
+            next_ids[idx] = self.draw(self.probs(x[idx], picked), picked)
         return SampleOutput(next_ids, logprobs)
 
     def process(self, logits: torch.Tensor, rows: Sequence[SamplingInputs]) -> torch.Tensor:
@@ -116,6 +115,37 @@ class Sampler:
         if any(r.params.uses_penalties for r in rows):
             self._apply_penalties(x, rows)
         return x
+
+    def logprobs(self, x: torch.Tensor, rows: Sequence[SamplingInputs]) -> torch.Tensor:
+        """float32 [B, V]: log_softmax(x / T) of processed logits x (greedy rows: T = 1)."""
+        temps = [1.0 if r.params.is_greedy else r.params.temperature for r in rows]
+        return torch.log_softmax(x / self._floats(temps).unsqueeze(1), dim=-1)
+
+    def probs(self, x: torch.Tensor, rows: Sequence[SamplingInputs]) -> torch.Tensor:
+        """float32 [b, V]: softmax(x / T) of processed logits x (sampled rows), with what top-k,
+        top-p and min-p cut set to 0; the rest is left as it is (not renormalized)."""
+        temps = self._floats([r.params.temperature for r in rows]).unsqueeze(1)  # [b, 1]
+        probs = torch.softmax(x / temps, dim=-1)  # [b, V]
+        return self._truncate(probs, [r.params for r in rows])
+
+    def draw(self, probs: torch.Tensor, rows: Sequence[SamplingInputs]) -> torch.Tensor:
+        """int64 [b]: one draw per row from probs [b, V] (any non-negative weights with a positive
+        sum, normalized or not), by the exponential race from each row's generator."""
+        q = torch.empty_like(probs)  # [b, V] Exp(1) noise
+        shared = [i for i, r in enumerate(rows) if r.generator is None]
+        if len(shared) == len(rows):
+            q.exponential_(generator=self.generator)
+        else:
+            if shared:
+                noise = torch.empty(
+                    len(shared), probs.shape[1], dtype=probs.dtype, device=probs.device
+                )
+                q[self._ints(shared)] = noise.exponential_(generator=self.generator)
+            for i, r in enumerate(rows):
+                if r.generator is not None:
+                    q[i].exponential_(generator=r.generator)
+        # NOTE: q can underflow to 0 only in theory; the clamp keeps 0/0 out of the argmax
+        return argmax(probs / q.clamp_(min=torch.finfo(torch.float32).tiny))
 
     ##### Internal Helper Functions #####
 
@@ -163,31 +193,6 @@ class Sampler:
             rows = torch.repeat_interleave(torch.arange(B, device=self.device), self._ints(lengths))
             counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.float32), True)
         return counts
-
-    def _logprobs(self, x: torch.Tensor, rows: Sequence[SamplingInputs]) -> torch.Tensor:
-        temps = [1.0 if r.params.is_greedy else r.params.temperature for r in rows]
-        return torch.log_softmax(x / self._floats(temps).unsqueeze(1), dim=-1)
-
-    def _sample(self, x: torch.Tensor, rows: Sequence[SamplingInputs]) -> torch.Tensor:
-        """int64 [b]: one draw per row from softmax(x / T) truncated by top-k, top-p, min-p."""
-        temps = self._floats([r.params.temperature for r in rows]).unsqueeze(1)  # [b, 1]
-        probs = torch.softmax(x / temps, dim=-1)  # [b, V]
-        probs = self._truncate(probs, [r.params for r in rows])
-        q = torch.empty_like(probs)  # [b, V] Exp(1) noise
-        shared = [i for i, r in enumerate(rows) if r.generator is None]
-        if len(shared) == len(rows):
-            q.exponential_(generator=self.generator)
-        else:
-            if shared:
-                noise = torch.empty(
-                    len(shared), probs.shape[1], dtype=probs.dtype, device=probs.device
-                )
-                q[self._ints(shared)] = noise.exponential_(generator=self.generator)
-            for i, r in enumerate(rows):
-                if r.generator is not None:
-                    q[i].exponential_(generator=r.generator)
-        # NOTE: q can underflow to 0 only in theory; the clamp keeps 0/0 out of the argmax
-        return argmax(probs / q.clamp_(min=torch.finfo(torch.float32).tiny))
 
     def _truncate(self, probs: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
         """Zero what top-k, then top-p (on the renormalized top-k mass), then min-p drop."""
@@ -248,6 +253,13 @@ def _head(probs: torch.Tensor, width: int, k: torch.Tensor) -> tuple[torch.Tenso
     )
     ranks = torch.arange(width, device=probs.device)  # [width]
     return vals.masked_fill(ranks >= k, 0.0), ids  # k: [c, 1]
+
+
+def argmax_only(rows: Sequence[SamplingInputs]) -> bool:
+    """Whether the whole batch is the argmax of its raw logits (the sampler's fast path)."""
+    return all(r.plain for r in rows) or (
+        all(r.picks_argmax for r in rows) and not any(map(_needs_processing, rows))
+    )
 
 
 def _needs_processing(r: SamplingInputs) -> bool:
