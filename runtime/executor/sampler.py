@@ -170,9 +170,18 @@ class Sampler:
 
     def _sample(self, x: torch.Tensor, rows: Sequence[SamplingInputs]) -> torch.Tensor:
         """int64 [b]: one draw per row from softmax(x / T) truncated by top-k, top-p, min-p."""
+        return self.draw(self.distribution(x, rows), rows)
+
+    # NOTE: public: the speculative draft (draft.py) keeps the distribution it drew from
+    def distribution(self, x: torch.Tensor, rows: Sequence[SamplingInputs]) -> torch.Tensor:
+        """float32 [b, V]: softmax(x / T) of processed logits x [b, V], truncated by top-k,
+        top-p and min-p; not renormalized (`draw` needs no normalization)."""
         temps = self._floats([r.params.temperature for r in rows]).unsqueeze(1)  # [b, 1]
         probs = torch.softmax(x / temps, dim=-1)  # [b, V]
-        probs = self._truncate(probs, [r.params for r in rows])
+        return self._truncate(probs, [r.params for r in rows])
+
+    def draw(self, probs: torch.Tensor, rows: Sequence[SamplingInputs]) -> torch.Tensor:
+        """int64 [b]: one draw per row from the (unnormalized) distribution `probs` [b, V]."""
         q = torch.empty_like(probs)  # [b, V] Exp(1) noise
         shared = [i for i, r in enumerate(rows) if r.generator is None]
         if len(shared) == len(rows):

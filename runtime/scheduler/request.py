@@ -42,6 +42,8 @@ class Req:
     future: tuple[int, int] | None = None
     row: int | None = None  # row of the request-to-token table while it holds KV
     kv_len: int = 0
+    # speculative decoding with a draft model: leading positions whose draft-model KV is valid
+    draft_len: int = 0
     prefix_len: int = 0  # leading KV slots owned by the radix tree (locked)
     cached_tokens: int = 0  # prompt tokens served from the cache at first admission (reported)
     last_node: Any = None  # radix node locked for this request
