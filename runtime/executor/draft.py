@@ -29,7 +29,7 @@ from weft.runtime.executor.attention import AttentionBackend, create_attention_b
 from weft.runtime.executor.batch import ForwardBatch, ForwardMode
 from weft.runtime.executor.cuda_graph import GraphRunner
 from weft.runtime.executor.distributed import TPGroup
-from weft.runtime.executor.draft_loader import load_draft
+from weft.runtime.executor.draft_loader import DRAFT_SEED_OFFSET, LoadedDraft, load_draft
 from weft.runtime.executor.memory import KVPool, ReqToTokenPool
 from weft.runtime.executor.sampler import Sampler, SamplingInputs, argmax
 from weft.runtime.executor.transfer import to_device
@@ -97,17 +97,22 @@ class DraftRunner:
         tp: TPGroup | None = None,
         *,
         target_vocab_size: int,
+        loaded: LoadedDraft | None = None,
     ) -> DraftRunner:
         """Load the draft (HF folder, .gguf file kept quantized as the target would keep it, or
-        random weights with load_format='dummy') and build its KV pool of `num_slots` slots,
-        its attention backend over `table`, and on CUDA its decode graphs."""
+        random weights with load_format='dummy'; `loaded`: already loaded by load_draft) and
+        build its KV pool of `num_slots` slots, its attention backend over `table`, and on CUDA
+        its decode graphs."""
         _refuse_tp(tp)
-        model, hf_config = load_draft(
-            config, os.fspath(draft_path), device, dtype, table.max_context
-        )
+        path = os.fspath(draft_path)
+        if loaded is None:
+            loaded = load_draft(config, path, device, dtype, table.max_context)
+        elif loaded.path != path:
+            raise ValueError(f"draft_path {path!r} but the loaded draft is {loaded.path!r}")
+        model, hf_config = loaded.model, loaded.hf_config
         if int(hf_config.vocab_size) != target_vocab_size:
             raise ValueError(
-                f"the draft model {os.fspath(draft_path)!r} has vocab_size "
+                f"the draft model {path!r} has vocab_size "
                 f"{hf_config.vocab_size} but the target model has {target_vocab_size}: a draft "
                 "must share the target's tokenizer and vocabulary"
             )
@@ -151,8 +156,8 @@ class DraftRunner:
                 tuning=config.tuning,
             )
             graphs.capture()
-        sampler = Sampler(hf_config.vocab_size, device, config.seed)
-        logger.info("draft model %s: %d layers, KV %d bytes per slot", os.fspath(draft_path),
+        sampler = Sampler(hf_config.vocab_size, device, config.seed + DRAFT_SEED_OFFSET)
+        logger.info("draft model %s: %d layers, KV %d bytes per slot", path,
                     hf_config.num_hidden_layers, pool_bytes(pool) // num_slots)  # fmt: skip
         return cls(model, hf_config, pool, attn, table, page_size, sampler, graphs)
 
@@ -227,7 +232,8 @@ class DraftRunner:
         if len(rows) != len(reqs) or not reqs:
             raise ValueError(f"propose needs one sampling row per request and at least one "
                              f"request, got {len(reqs)} requests and {len(rows)} rows")  # fmt: skip
-        cpu = self.table.cpu
+        at_rows: list[int] = []  # table cells of every position the draft runs
+        at_cols: list[int] = []
         for req in reqs:
             if req.row is None or req.ahead:
                 raise ValueError(f"request {req.rid}: propose needs its table row and all its "
@@ -239,10 +245,15 @@ class DraftRunner:
             if end > self.table.max_context:
                 raise ValueError(f"request {req.rid}: seq_len {req.seq_len} + k {k} - 1 exceeds "
                                  f"the table's context of {self.table.max_context}")  # fmt: skip
-            slots = cpu[req.row, req.draft_len : end]
-            if bool((slots < self.page_size).any()):  # the reserved page: never allocated
-                raise ValueError(f"request {req.rid}: no KV slot allocated in the table for some "
-                                 f"of positions [{req.draft_len}, {end})")  # fmt: skip
+            at_rows += [req.row] * (end - req.draft_len)
+            at_cols += range(req.draft_len, end)
+        # slots of the reserved page are never handed out: such a cell was never allocated
+        unset = self.table.cpu[at_rows, at_cols] < self.page_size  # the host mirror: no sync
+        if bool(unset.any()):
+            i = int(unset.nonzero()[0, 0])
+            rid = next(r.rid for r in reqs if r.row == at_rows[i])
+            raise ValueError(f"request {rid} (table row {at_rows[i]}): no KV slot allocated for "
+                             f"position {at_cols[i]}, which the draft runs")  # fmt: skip
 
     def _first_batch(self, reqs: list[Req]) -> tuple[ForwardBatch, torch.Tensor | None]:
         """Step 0's batch (positions [draft_len, seq_len) per request) and the hidden rows of

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,19 @@ from weft.runtime.models.quant import QuantContext, make_quant_config
 
 logger = logging.getLogger(__name__)
 
-DRAFT_SEED_OFFSET = 1  # dummy draft weights differ from the target's of the same shape
+# the draft's dummy weights and its sampler's generator take seed + this: they differ from the
+# target's (the same random stream in the draft's draws and the target's acceptance tests
+# would correlate them)
+DRAFT_SEED_OFFSET = 1
+
+
+@dataclass(frozen=True)
+class LoadedDraft:
+    """A draft model with its weights on the device, and its HF config (load_draft)."""
+
+    path: str
+    model: LlamaForCausalLM
+    hf_config: Any
 
 
 def draft_config(config: EngineConfig, draft_path: str) -> EngineConfig:
@@ -56,9 +68,10 @@ def load_draft(
     device: torch.device,
     dtype: torch.dtype,
     max_positions: int,
-) -> tuple[LlamaForCausalLM, Any]:
-    """The draft model with its weights on `device` in `dtype`, and its HF config. Refuses a
-    draft whose context is shorter than the target's (`max_positions`, the table's width)."""
+) -> LoadedDraft:
+    """The draft model with its weights on `device` in `dtype`. Refuses a draft whose context is
+    shorter than the target's (`max_positions`, the table's width). Load it before sizing the
+    target's KV pool on a GPU, so the pool's budget sees the draft's weights."""
     t0 = time.perf_counter()
     cfg = draft_config(config, draft_path)
     folder, hf_config = read_draft_hf_config(config, draft_path)
@@ -83,4 +96,4 @@ def load_draft(
     else:
         model.load_weights(iterate_weight_slices(folder, device=device))
     logger.info("draft model loaded in %.1f s", time.perf_counter() - t0)
-    return model, hf_config
+    return LoadedDraft(draft_path, model, hf_config)

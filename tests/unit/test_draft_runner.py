@@ -16,7 +16,7 @@ import transformers
 from weft.runtime.config import EngineConfig
 from weft.runtime.executor.batch import ForwardBatch, ForwardMode
 from weft.runtime.executor.draft import DraftRunner
-from weft.runtime.executor.draft_loader import read_draft_hf_config
+from weft.runtime.executor.draft_loader import load_draft, read_draft_hf_config
 from weft.runtime.executor.memory import PageAllocator, ReqToTokenPool
 from weft.runtime.executor.model_runner import ModelRunner
 from weft.runtime.executor.sampler import Sampler, SamplingInputs, make_generator
@@ -152,12 +152,19 @@ def test_greedy_proposals_equal_the_model_alone(
 def test_kv_written_only_at_the_table_slots_of_the_positions_run(
     draft_model: tuple[Path, Any], target_dir: Path
 ) -> None:
-    """Built as the target's ModelRunner will build it: over its table and slot count."""
+    """Built as the target's ModelRunner will build it: loaded first (before the pool is sized),
+    then over the target's table and slot count."""
     folder, _ = draft_model
     config = engine_config(target_dir, 4)
+    loaded = load_draft(config, str(folder), CPU, torch.float32, CTX)
     target = ModelRunner(config, target_dir, read_hf_config(target_dir), CTX)
     num_slots = target.allocator.num_pages * target.page_size
-    draft = build(config, folder, target.req_to_token, num_slots)
+    with pytest.raises(ValueError, match="but the loaded draft is"):
+        DraftRunner.build(config, target_dir, CPU, torch.float32, target.req_to_token, 4,
+                          num_slots, target_vocab_size=V, loaded=loaded)  # fmt: skip
+    draft = DraftRunner.build(config, folder, CPU, torch.float32, target.req_to_token, 4,
+                              num_slots, target_vocab_size=V, loaded=loaded)  # fmt: skip
+    assert draft.model is loaded.model
     assert draft.pool.num_slots == target.pool.num_slots
     target_kv = [t.clone() for t in (*target.pool.k, *target.pool.v)]
     sentinel = 1234.5
@@ -248,7 +255,9 @@ def test_vocab_mismatch_tp_and_bad_inputs_are_refused(
     with pytest.raises(ValueError, match="draft_len 15 must be in"):
         draft.propose(reqs, K, rows)
     reqs[1].draft_len = 0
-    with pytest.raises(ValueError, match=r"no KV slot .* \[0, 41\)"):
+    with pytest.raises(
+        ValueError, match=r"request r1 \(table row \d+\): no KV slot .* position 40,"
+    ):
         draft.propose(reqs, 41 - reqs[1].seq_len + 1, rows)  # position 40 has no slot
 
 
