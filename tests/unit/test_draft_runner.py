@@ -275,3 +275,51 @@ def test_dummy_draft_and_bytes_per_slot(draft_model: tuple[Path, Any]) -> None:
     catch_up(draft, table, reqs)
     prop = draft.propose(reqs, 2, greedy_rows(reqs))
     assert all(len(t) == 2 and all(0 <= x < V for x in t) for t in prop.tokens)
+
+
+def recompute_greedy(model: Any, ids: list[int], k: int) -> list[int]:
+    """k greedy tokens of a weft model, each from a full forward over the whole sequence (fresh
+    KV every time)."""
+    from weft.runtime.executor.attention import create_attention_backend
+    from weft.runtime.executor.memory import KVPool
+
+    layer = model.layers[0].self_attn
+    out: list[int] = []
+    for _ in range(k):
+        seq = ids + out
+        n = len(seq)
+        pool = KVPool(n + 1, len(model.layers), layer.num_kv_heads, layer.head_dim,
+                      torch.float32, CPU)  # fmt: skip
+        table = ReqToTokenPool(1, n, CPU)
+        table.table[0] = torch.arange(1, n + 1)
+        attn = create_attention_backend("torch", "cpu", pool, table.table, 1)
+        fb = ForwardBatch(ForwardMode.EXTEND, torch.tensor(seq), torch.arange(n),
+                          torch.arange(1, n + 1), torch.tensor([0]), torch.tensor([n]),
+                          torch.tensor([n]), [n], [n])  # fmt: skip
+        attn.prepare(fb)
+        with torch.no_grad():
+            out.append(int(model.compute_logits(model(fb, attn)[-1:])[0, :V].argmax()))
+    return out
+
+
+def test_gguf_draft_keeps_its_blocks(tmp_path: Path) -> None:
+    """quantization='gguf' with dummy weights: the draft holds random Q4_K_M-layout blocks (the
+    quant hook, as the target would) and proposes its own greedy tokens."""
+    from weft.runtime.models.quant import quantized_layers
+
+    folder = tmp_path / "qwen"
+    folder.mkdir()
+    qwen = transformers.Qwen2Config(vocab_size=V, hidden_size=256, intermediate_size=512,
+                                    num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, max_position_embeddings=256,
+                                    architectures=["Qwen2ForCausalLM"])  # fmt: skip
+    qwen.save_pretrained(folder)
+    config = engine_config(folder, 1, load_format="dummy", quantization="gguf")
+    table = ReqToTokenPool(8, CTX, CPU)
+    draft = build(config, folder, table, 256)
+    assert quantized_layers(draft.model)
+    reqs = make_reqs(table, PageAllocator(256, 1, CPU))
+    catch_up(draft, table, reqs)
+    prop = draft.propose(reqs, 3, greedy_rows(reqs))
+    for req, tokens in zip(reqs, prop.tokens, strict=True):
+        assert tokens == recompute_greedy(draft.model, req.fill_ids, 3), req.rid
