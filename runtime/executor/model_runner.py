@@ -14,6 +14,8 @@ from weft.runtime.executor.attention import create_attention_backend
 from weft.runtime.executor.batch import Batch, ForwardBatch, ForwardMode
 from weft.runtime.executor.cuda_graph import GraphRunner
 from weft.runtime.executor.distributed import TPGroup
+from weft.runtime.executor.draft import DraftRunner
+from weft.runtime.executor.draft_loader import load_draft
 from weft.runtime.executor.grammar_masks import GrammarMasks
 from weft.runtime.executor.logprobs import LogprobRows, gather_logprobs
 from weft.runtime.executor.memory import RESERVED_PAGES, KVPool, PageAllocator, ReqToTokenPool
@@ -86,7 +88,13 @@ class ModelRunner:
         kv_heads = first.self_attn.num_kv_heads  # this rank's
         head_dim = head_dim_of(hf_config)
         kv_dtype = config.kv_torch_dtype
-        num_pages = self._num_pages(KVPool.bytes_per_slot(num_layers, kv_heads, head_dim, kv_dtype))
+        per_slot = KVPool.bytes_per_slot(num_layers, kv_heads, head_dim, kv_dtype)
+        loaded = None  # speculative decoding's draft model, loaded before the pool is sized
+        if config.speculative_draft_model_path is not None:
+            loaded = load_draft(config, config.speculative_draft_model_path, self.device,
+                                self.dtype, context_len)  # fmt: skip
+            per_slot += DraftRunner.bytes_per_slot(config, loaded.hf_config, tp)
+        num_pages = self._num_pages(per_slot)
         if tp is not None:  # the same pool size on every rank: the accounting is replicated
             num_pages = tp.min_int(num_pages)
         # slot numbers live on the host (the scheduler's table mirror, the radix tree)
@@ -103,6 +111,13 @@ class ModelRunner:
             self.page_size,
             config.tuning,
         )
+        self.draft = (
+            DraftRunner.build(config, loaded.path, self.device, self.dtype, self.req_to_token,
+                              self.page_size, num_pages * self.page_size, tp,
+                              target_vocab_size=hf_config.vocab_size, loaded=loaded)
+            if loaded is not None
+            else None
+        )  # fmt: skip
         if sliding_window_of(hf_config) is not None and not self.attn.supports_sliding_window:
             raise ValueError(
                 f"attention backend {type(self.attn).__name__} has no sliding-window attention, "
@@ -205,6 +220,8 @@ class ModelRunner:
             hidden = graphs.replay(fb)
         else:
             hidden = self.model(fb, self.attn)  # [T, hidden]; on CUDA this only queues kernels
+            if self.draft is not None and batch.mode == ForwardMode.EXTEND and not batch.drafts:
+                self.draft.extend(fb)  # the same tokens into the draft model's KV
         self.num_forward_tokens += fb.input_ids.numel()
         self.num_forward_passes += 1
         self.num_shared_prefix_steps += fb.shared is not None
@@ -225,6 +242,14 @@ class ModelRunner:
                     step.in_rows.append(LogprobRows(i, *rows))
             offset += n
         return step
+
+    def propose_drafts(self, reqs: list[Req], k: int) -> tuple[list[list[int]], list[Any]]:
+        """The draft model's k tokens ahead of each request, and the distributions they were
+        drawn from (None where the request is greedy); slots for them are allocated."""
+        assert self.draft is not None, "speculative_algorithm='draft' without a draft model"
+        rows = [r.sampling or self.sampling_inputs(r) for r in reqs]
+        proposal = self.draft.propose(reqs, k, rows)
+        return proposal.tokens, list(proposal.probs)
 
     def mask_fill_stats(self) -> dict[str, float]:
         """Grammar mask fill and apply times (GrammarMasks.stats)."""

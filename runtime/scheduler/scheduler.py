@@ -91,7 +91,7 @@ class Scheduler:
         # can overlap, and with many constrained requests some always have forced tokens.
         self.jump_forward = not config.disable_jump_forward and not self.overlap.enabled
         self.speculator = (
-            Speculator(config, self.cache, self.stats, None)
+            Speculator(config, self.cache, self.stats, self.runner.propose_drafts)
             if config.speculative_algorithm is not None
             else None
         )
@@ -170,7 +170,11 @@ class Scheduler:
         # the in-flight step's sampling, if deferred (a step with grammar masks), comes first
         step = self.runner.launch(batch, self.overlap.deferred())
         self.stats["overlapped_steps"] += self.overlap.inflight is not None
+        draft_ran = self.runner.draft is not None and batch.mode == ForwardMode.EXTEND
+        draft_ran = draft_ran and batch.drafts is None  # (it ran these tokens too: draft KV)
         for req, n in zip(batch.reqs, batch.extend_lens, strict=True):
+            if draft_ran and req.draft_len >= req.kv_len:
+                req.draft_len = req.kv_len + n
             req.kv_len += n
         if batch.mode == ForwardMode.EXTEND:  # (a chunk's next one may launch before it is done)
             step.kv_ends = [req.kv_len for req in batch.reqs]

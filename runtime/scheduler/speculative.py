@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from weft.runtime.config import EngineConfig
 from weft.runtime.executor.batch import Batch, ForwardMode
@@ -21,8 +22,8 @@ PROBE_BELOW = 0.15  # a request accepting fewer than this share of its drafts ge
 STEP_EMA = 0.2  # weight of the newest step in the step-time and tokens-per-step averages
 REVISIT_EVERY = 32  # a batch-size class re-measures its less used kind of step this often
 
-# the draft model's proposals: (requests, drafts per request) -> tokens, draft probabilities
-ProposeFn = Callable[[list[Req], list[int]], tuple[list[list[int]], list[object]]]
+# the draft model's proposals: (requests, k) -> k tokens each, their draft distributions
+ProposeFn = Callable[[list[Req], int], tuple[list[list[int]], list[Any]]]
 
 
 @dataclass
@@ -144,8 +145,8 @@ class Speculator:
         self.cache = cache
         self.costs = StepCosts(stats)
         self.policy = DraftPolicy(config.speculative_num_draft_tokens - 1)
-        self.propose_fn = propose
         self.ngram = config.speculative_algorithm == "ngram"
+        self.propose_fn = None if self.ngram else propose
 
     def build(self, running: list[Req]) -> Batch:
         """The decode batch of `running` (already retracted to fit one token each) with drafts
@@ -160,12 +161,17 @@ class Speculator:
         for req, m, d in zip(running, own, want, strict=True):
             assert self.cache.alloc(req, m + d), "draft slots failed after they were checked"
         drafts = self._drafts(running, want)
+        for req, m, d, got in zip(running, own, want, drafts, strict=True):
+            if len(got) < d:  # a grammar cut the draft model's chain: its slots' pages go back
+                free_tail(self.cache, req, req.kv_len + m + len(got), req.kv_len + m + d)
         lens = [m + len(d) for m, d in zip(own, drafts, strict=True)]
         return Batch(ForwardMode.EXTEND, list(running), lens, drafts=drafts)
 
     def _draft_len(self, req: Req) -> int:
         counts = spec_counts(req)
         d = self.policy.drafts_for(req, counts)
+        if self.propose_fn is not None:  # the draft model runs all k ahead, or none
+            return self.policy.k if req.remaining_new_tokens - 1 >= self.policy.k else 0
         if d and self.ngram:
             drafter = req.ngram
             if drafter is None:
@@ -204,11 +210,14 @@ class Speculator:
                 r.pending_draft = []
             return drafts
         assert self.propose_fn is not None, "speculative_algorithm='draft' without a draft model"
-        tokens, probs = self.propose_fn(running, want)
+        drafting = [r for r, d in zip(running, want, strict=True) if d]
+        tokens, probs = self.propose_fn(drafting, self.policy.k)
+        got = {id(r): (t, p) for r, t, p in zip(drafting, tokens, probs, strict=True)}
         drafts = []
-        for req, t, p, d in zip(running, tokens, probs, want, strict=True):
+        for req in running:
+            t, p = got.get(id(req), ([], None))
             req.draft_probs = p
-            drafts.append(grammar_prefix(req, t[:d]))
+            drafts.append(grammar_prefix(req, t))
         return drafts
 
 
@@ -248,13 +257,19 @@ def settle_verify(
     new_kv = min(ran_to - drafted + accepted, req.seq_len - 1)
     req.kv_len = new_kv
     req.draft_len = min(req.draft_len, new_kv)
-    p = cache.page_size
-    keep = -(-new_kv // p) * p  # the partial last page stays the request's
-    if ran_to > keep:
-        assert req.row is not None
-        cache.allocator.free(cache.table.cpu[req.row, keep:ran_to].clone())
+    free_tail(cache, req, new_kv, ran_to)
     spec_counts(req).record(drafted, accepted)
     req.draft_probs = None
+
+
+def free_tail(cache: KVCacheManager, req: Req, used_to: int, allocated_to: int) -> None:
+    """Give back the pages of the request's slots at positions [used_to, allocated_to) that lie
+    wholly past `used_to`'s page (the partial page stays the request's, as alloc expects)."""
+    p = cache.page_size
+    keep = -(-used_to // p) * p
+    if allocated_to > keep:
+        assert req.row is not None
+        cache.allocator.free(cache.table.cpu[req.row, keep:allocated_to].clone())
 
 
 def spec_counts(req: Req) -> SpecCounts:

@@ -170,3 +170,36 @@ def test_ngram_constrained_greedy_equals_plain(chaotic_model: Path) -> None:
     for ids, _, finish in spec.values():  # each output is a prefix of the regex's language
         text = tok.decode(ids)
         assert re.fullmatch(WORDS, text) or finish == "length", (text, finish)
+
+
+@pytest.mark.parametrize("draft", ["itself", "another model"])
+def test_draft_model_greedy_equals_plain(
+    chaotic_model: Path, tiny_model_dir: Path, plain: Outputs, draft: str
+) -> None:
+    """A draft model with the target's vocabulary: the target itself (its drafts are the
+    target's own greedy tokens: nearly all accepted) and an unrelated random model (mostly
+    rejected); outputs and logprobs equal plain decoding's either way."""
+    path = chaotic_model if draft == "itself" else tiny_model_dir
+    spec, sched = run(chaotic_model, workload(), logprobs=True, page_size=4,
+                      speculative_algorithm="draft",
+                      speculative_draft_model_path=str(path))  # fmt: skip
+    assert same_ids(spec, plain)
+    for rid, (_, lps, _) in spec.items():
+        assert lps == pytest.approx(plain[rid][1], abs=1e-3), rid
+    st = sched.stats
+    assert st["spec_verify_steps"] > 0
+    if draft == "itself":
+        assert st["spec_accepted_tokens"] >= 0.9 * st["spec_draft_tokens"], st
+    else:
+        assert st["spec_accepted_tokens"] < st["spec_draft_tokens"], st
+
+
+def test_draft_model_sampling_runs_and_conserves(chaotic_model: Path) -> None:
+    reqs = [(ids, SamplingParams(temperature=0.8, top_p=0.9, max_new_tokens=p.max_new_tokens,
+                                 sampling_seed=i)) for i, (ids, p) in enumerate(workload())]  # fmt: skip
+    spec, sched = run(chaotic_model, reqs, speculative_algorithm="draft",
+                      speculative_draft_model_path=str(chaotic_model))  # fmt: skip
+    assert sched.stats["spec_accepted_tokens"] > 0
+    for i, (_, p) in enumerate(reqs):
+        ids, _, finish = spec[f"r{i}"]
+        assert len(ids) == p.max_new_tokens or finish == "stop", (i, len(ids), finish)
