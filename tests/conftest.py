@@ -30,31 +30,36 @@ def default_model_dir(weft_cache: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
     """A 2-layer random Llama with SmolLM2's tokenizer: fast scheduler tests with real text."""
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), default_model_dir)
+
+
+def save_tiny_llama(folder: Path, tokenizer_dir: Path, **config: Any) -> Path:
+    """A 2-layer random Llama (seed 0) over SmolLM2's vocabulary into `folder`, with the tokenizer
+    files of `tokenizer_dir`; `config`: LlamaConfig fields to change."""
     import shutil
 
     import torch
     import transformers
 
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    config = transformers.LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        eos_token_id=2,
-        bos_token_id=1,
-        architectures=["LlamaForCausalLM"],
-    )
+    fields: dict[str, Any] = {
+        "vocab_size": 49152,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": True,
+        "eos_token_id": 2,
+        "bos_token_id": 1,
+        "architectures": ["LlamaForCausalLM"],
+    }
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**fields, **config})).eval()
     model.save_pretrained(folder, safe_serialization=True)
-    for name in os.listdir(default_model_dir):
+    for name in os.listdir(tokenizer_dir):
         if "token" in name or name.endswith(".jinja"):
-            shutil.copy(default_model_dir / name, folder / name)
+            shutil.copy(tokenizer_dir / name, folder / name)
     return folder
 
 

@@ -24,34 +24,11 @@ def chaotic_model(tmp_path_factory: pytest.TempPathFactory, default_model_dir: P
     """A 2-layer random Llama whose greedy output wanders (larger initial weights than the
     usual 0.02) instead of repeating one token: about a third of its n-gram drafts are
     accepted, so both acceptance and rejection run."""
-    import os
-    import shutil
-
-    import torch
-    import transformers
+    from conftest import save_tiny_llama
 
     folder = tmp_path_factory.mktemp("chaotic-llama")
-    config = transformers.LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        initializer_range=0.08,
-        eos_token_id=2,
-        bos_token_id=1,
-        architectures=["LlamaForCausalLM"],
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    model.save_pretrained(folder, safe_serialization=True)
-    for name in os.listdir(default_model_dir):
-        if "token" in name or name.endswith(".jinja"):
-            shutil.copy(default_model_dir / name, folder / name)
-    return folder
+    return save_tiny_llama(folder, default_model_dir, tie_word_embeddings=False,
+                           initializer_range=0.08)  # fmt: skip
 
 
 def workload(n: int = 8, seed: int = 3) -> list[tuple[list[int], SamplingParams]]:
