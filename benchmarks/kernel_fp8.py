@@ -41,7 +41,8 @@ def bench_fp8(ceiling: float, rows_list: list[int], layers: int, reps: int, swee
         count = max(2, min(layers, (4 << 30) // (n * k * 2)))
         bf16 = [torch.randn(n, k, dtype=torch.bfloat16, device=DEV) / k**0.5 for _ in range(count)]
         fp8 = [quantize_per_channel(w) for w in bf16]
-        copy8, copy16 = n * k / ceiling * 1e6, 2 * n * k / ceiling * 1e6
+        # the weights' bytes at the copy bandwidth (ceiling in GB/s), in us
+        copy8, copy16 = n * k / ceiling / 1e3, 2 * n * k / ceiling / 1e3
         print(f"\n{name} [{n} x {k}]: copy speed fp8 {copy8:.1f} us, bf16 {copy16:.1f} us; "
               f"default GEMV launch {default_launch(n, k)}")  # fmt: skip
         for rows in rows_list:
