@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ServerProcess
+from support import ServerProcess, save_tiny_llama
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -31,36 +31,6 @@ def default_model_dir(weft_cache: Path) -> Path:
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
     """A 2-layer random Llama with SmolLM2's tokenizer: fast scheduler tests with real text."""
     return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), default_model_dir)
-
-
-def save_tiny_llama(folder: Path, tokenizer_dir: Path, **config: Any) -> Path:
-    """A 2-layer random Llama (seed 0) over SmolLM2's vocabulary into `folder`, with the tokenizer
-    files of `tokenizer_dir`; `config`: LlamaConfig fields to change."""
-    import shutil
-
-    import torch
-    import transformers
-
-    fields: dict[str, Any] = {
-        "vocab_size": 49152,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 512,
-        "tie_word_embeddings": True,
-        "eos_token_id": 2,
-        "bos_token_id": 1,
-        "architectures": ["LlamaForCausalLM"],
-    }
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**fields, **config})).eval()
-    model.save_pretrained(folder, safe_serialization=True)
-    for name in os.listdir(tokenizer_dir):
-        if "token" in name or name.endswith(".jinja"):
-            shutil.copy(tokenizer_dir / name, folder / name)
-    return folder
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,11 @@ tests/ on sys.path)."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
+from typing import Any
 
 # weft's kernel modules (kernels/ is a namespace folder: these are its contents)
 KERNEL_MODULES = (
@@ -134,3 +136,33 @@ class ServerProcess:
                 self.proc.wait(10)
         self.log.close()
         return int(self.proc.returncode)
+
+
+def save_tiny_llama(folder: Path, tokenizer_dir: Path, **config: Any) -> Path:
+    """A 2-layer random Llama (seed 0) over SmolLM2's vocabulary into `folder`, with the tokenizer
+    files of `tokenizer_dir`; `config`: LlamaConfig fields to change."""
+    import shutil
+
+    import torch
+    import transformers
+
+    fields: dict[str, Any] = {
+        "vocab_size": 49152,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": True,
+        "eos_token_id": 2,
+        "bos_token_id": 1,
+        "architectures": ["LlamaForCausalLM"],
+    }
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**fields, **config})).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    for name in os.listdir(tokenizer_dir):
+        if "token" in name or name.endswith(".jinja"):
+            shutil.copy(tokenizer_dir / name, folder / name)
+    return folder

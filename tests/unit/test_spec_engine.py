@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import save_tiny_llama
 
 from weft.runtime.config import EngineConfig
 from weft.runtime.executor.distributed import Inbox
@@ -24,8 +25,6 @@ def chaotic_model(tmp_path_factory: pytest.TempPathFactory, default_model_dir: P
     """A 2-layer random Llama whose greedy output wanders (larger initial weights than the
     usual 0.02) instead of repeating one token: about a third of its n-gram drafts are
     accepted, so both acceptance and rejection run."""
-    from conftest import save_tiny_llama
-
     folder = tmp_path_factory.mktemp("chaotic-llama")
     return save_tiny_llama(folder, default_model_dir, tie_word_embeddings=False,
                            initializer_range=0.08)  # fmt: skip
