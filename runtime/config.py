@@ -139,7 +139,8 @@ class EngineConfig:
     # speculative decoding: `ngram` drafts from the request's own prompt and output (prompt
     # lookup), `draft` runs a small model with the same vocabulary ahead; one forward of the model
     # verifies the drafts. Greedy output is unchanged and sampled output keeps the model's
-    # distribution (rejection sampling). The overlap scheduler is off with it (as SGLang's).
+    # distribution (rejection sampling). With overlap scheduling, plain decode steps overlap as
+    # usual and each verify step is processed before the next launch (its drafts need the tokens).
     speculative_algorithm: Literal["ngram", "draft"] | None = None
     speculative_draft_model_path: str | None = None  # `draft`: HF folder or .gguf file
     # tokens one verify step runs per request, its last accepted token included (SGLang's
@@ -296,9 +297,6 @@ class EngineConfig:
                              f"max_match_window_size, got {lo} and {hi}")  # fmt: skip
         if algo is None:
             return
-        if self.overlap_schedule == "on":
-            raise ValueError("speculative decoding runs without the overlap scheduler: drop "
-                             "overlap_schedule='on' (auto turns it off)")  # fmt: skip
         if self.tp_size > 1:
             raise ValueError("speculative decoding runs on one rank (tp_size=1) for now")
 
@@ -362,7 +360,7 @@ class EngineConfig:
     @property
     def resolved_overlap(self) -> bool:
         if self.overlap_schedule == "auto":
-            return self.resolved_device == "cuda" and self.speculative_algorithm is None
+            return self.resolved_device == "cuda"
         return self.overlap_schedule == "on"
 
     @property

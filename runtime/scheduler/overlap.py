@@ -37,13 +37,15 @@ class Overlap:
         """Whether a prefill may launch while the prefill in flight runs: its requests need none
         of that step's tokens, so the device does not idle while the host builds and queues the
         next one (~85 ms for an 8k-token step of Llama-3.1-8B on the H200 at new token counts).
-        Not with mixed steps (they decode the step's requests) or when a chunked request that
+        Not with mixed steps (they decode the step's requests), behind a verify step (speculative
+        decoding: its drafts' slots settle when it is processed), or when a chunked request that
         owes prompt logprobs goes on (its next chunk's rows depend on the step's)."""
         step = self.inflight
         return (
             self.enabled
             and step is not None
             and step.batch.mode == ForwardMode.EXTEND
+            and step.batch.drafts is None
             and not self.mixed_chunk
             and not (chunked is not None and chunked.return_logprob)
         )

@@ -145,9 +145,7 @@ class Scheduler:
         first. With tensor parallelism every rank must pick the same one (checked)."""
         batch = None
         overlap = self.overlap
-        if overlap.inflight is not None and not overlap.decode_continues(
-            self.queues.running, self.cache
-        ):
+        if overlap.inflight is not None and not self.decode_may_follow():
             if overlap.prefill_may_follow(self.queues.chunked):
                 batch = self.policy.prefill(behind=overlap.inflight.batch)
             if batch is None:
@@ -198,6 +196,15 @@ class Scheduler:
 
     ##### Helpers of the loop #####
 
+    def decode_may_follow(self) -> bool:
+        """Whether the next decode may launch behind the step in flight (Overlap): not when it
+        would verify drafts, whose proposals need the in-flight step's tokens."""
+        running = self.queues.running
+        if not self.overlap.decode_continues(running, self.cache):
+            return False
+        spec = self.speculator
+        return spec is None or not spec.verifies_next(len(self.overlap.decoding(running)))
+
     def has_work(self) -> bool:
         return bool(self.queues) or self.overlap.inflight is not None
 
@@ -239,7 +246,11 @@ class Scheduler:
         if step.hidden is not None:  # its sampling was deferred (process_results)
             self.runner.sample(step)
         eos = self.info.eos_ids
-        self.emit(apply_results(step, self.queues, self.cache, eos, self.jump_forward, self.stats))
+        # a verify step is processed before the next launch even with overlap: what a grammar
+        # forces after its tokens joins the next step (jump-forward)
+        verified = step.batch.drafts is not None and not self.config.disable_jump_forward
+        forced = self.jump_forward or verified
+        self.emit(apply_results(step, self.queues, self.cache, eos, forced, self.stats))
 
     def emit(self, reqs: list[Req]) -> None:
         if reqs and self.channel is not None:

@@ -147,12 +147,24 @@ class Speculator:
         self.policy = DraftPolicy(config.speculative_num_draft_tokens - 1)
         self.ngram = config.speculative_algorithm == "ngram"
         self.propose_fn = None if self.ngram else propose
+        self._verify_next: bool | None = None  # the choice for the next decode step, once made
+
+    def verifies_next(self, batch_size: int) -> bool:
+        """Whether the next decode step verifies drafts (StepCosts), chosen once per step: the
+        scheduler asks before launching a decode behind one in flight (overlap), which a verify
+        step may not follow, and `build` takes the same answer."""
+        if self._verify_next is None:
+            self._verify_next = self.costs.speculate(batch_size)
+        return self._verify_next
 
     def build(self, running: list[Req]) -> Batch:
         """The decode batch of `running` (already retracted to fit one token each) with drafts
-        where their slots fit; without any draft, the plain decode batch."""
-        if not self.costs.speculate(len(running)):
+        where their slots fit; without any draft, the plain decode batch. Drafts need every
+        request's last token on the host: no step may be in flight for them."""
+        verify, self._verify_next = self.verifies_next(len(running)), None
+        if not verify:
             return build_decode_batch(running, self.cache)
+        assert not any(r.ahead for r in running), "a verify step built behind one in flight"
         want = [self._draft_len(r) for r in running]
         want = self._fit(running, want)
         if not any(want):

@@ -79,5 +79,5 @@ def test_cli_refuses_a_bad_speculative_combination(spec_server: Any) -> None:
 
     with pytest.raises(ValueError, match="speculative_draft_model_path"):
         EngineConfig(speculative_algorithm="draft")
-    with pytest.raises(ValueError, match="overlap"):
-        EngineConfig(speculative_algorithm="ngram", overlap_schedule="on")
+    with pytest.raises(ValueError, match="tp_size"):
+        EngineConfig(speculative_algorithm="ngram", tp_size=2)

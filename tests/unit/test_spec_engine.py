@@ -1,12 +1,14 @@
 """Speculative decoding in in-process schedulers on a tiny random model (CPU): greedy outputs with
 n-gram drafts equal those without, token for token, over page sizes, a pool short enough to
-retract, stop ids and max_new_tokens; drafts are accepted; KV slots are conserved."""
+retract, stop ids and max_new_tokens, and with overlap scheduling between verify and plain
+steps; drafts are accepted; KV slots are conserved."""
 
 from __future__ import annotations
 
 import random
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +48,13 @@ Outputs = dict[str, tuple[list[int], list[float], str]]
 
 
 def run(model: Path, reqs: list[tuple[list[int], SamplingParams]], logprobs: bool = False,
+        setup: Callable[[Scheduler], None] | None = None,
         **config: Any) -> tuple[Outputs, Scheduler]:  # fmt: skip
-    """Each request's output ids, output logprobs and finish reason; the scheduler."""
+    """Each request's output ids, output logprobs and finish reason; the scheduler (`setup`
+    sees it before the first request)."""
     sched = Scheduler(EngineConfig(model=str(model), cpu_threads=1, **config), model, None)
+    if setup is not None:
+        setup(sched)
     done: Outputs = {}
     lps: dict[str, list[float]] = {}
 
@@ -117,6 +123,38 @@ def test_ngram_greedy_equals_plain(chaotic_model: Path, plain: Outputs, case: st
         assert st["retractions"] > 0
 
 
+def alternate(sched: Scheduler) -> None:
+    """A verify step, then two plain steps (StepCosts measures on a GPU what pays): the second
+    plain step may launch behind the first."""
+    assert sched.speculator is not None
+    turn = iter(range(10**6))
+    sched.speculator.costs.speculate = lambda batch_size: next(turn) % 3 == 0  # type: ignore[method-assign]
+
+
+OVERLAP = {
+    "ngram": {"speculative_algorithm": "ngram"},
+    "draft": {"speculative_algorithm": "draft", "page_size": 4},
+}
+
+
+@pytest.mark.parametrize("algo", list(OVERLAP))
+def test_overlap_between_plain_and_verify_steps(
+    chaotic_model: Path, plain: Outputs, algo: str
+) -> None:
+    """With overlap scheduling, plain decode steps launch behind the one in flight and a verify
+    step waits for it (its drafts need the tokens): outputs and logprobs equal plain decoding's."""
+    config = dict(OVERLAP[algo], overlap_schedule="on")
+    if algo == "draft":
+        config["speculative_draft_model_path"] = str(chaotic_model)
+    spec, sched = run(chaotic_model, workload(), logprobs=True, setup=alternate, **config)
+    assert same_ids(spec, plain)
+    for rid, (_, lps, _) in spec.items():
+        assert lps == pytest.approx(plain[rid][1], abs=1e-3), rid
+    st = sched.stats
+    assert st["spec_verify_steps"] > 0 and st["spec_accepted_tokens"] > 0, st
+    assert st["overlapped_steps"] > 0, st
+
+
 WORDS = r"(ab|cd|abc|dab)( (ab|cd|abc|dab)){30}"
 
 
@@ -132,13 +170,18 @@ def constrained(tokenizer: Any) -> list[tuple[list[int], SamplingParams]]:
     return out
 
 
-def test_ngram_constrained_greedy_equals_plain(chaotic_model: Path) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_ngram_constrained_greedy_equals_plain(chaotic_model: Path, overlap: bool) -> None:
+    """Also with overlap scheduling, plain and verify steps taking turns: forced tokens are
+    sampled one by one after a plain step and appended (jump-forward) after a verify step."""
     page_size = 4
     from transformers import AutoTokenizer
 
     reqs = constrained(AutoTokenizer.from_pretrained(chaotic_model))
     plain, _ = run(chaotic_model, reqs, page_size=page_size)
-    spec, sched = run(chaotic_model, reqs, page_size=page_size, speculative_algorithm="ngram")
+    more: dict[str, Any] = {"overlap_schedule": "on", "setup": alternate} if overlap else {}
+    spec, sched = run(chaotic_model, reqs, page_size=page_size, speculative_algorithm="ngram",
+                      **more)  # fmt: skip
     assert same_ids(spec, plain)
     st = sched.stats
     assert 0 < st["spec_accepted_tokens"] < st["spec_draft_tokens"]
