@@ -242,14 +242,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def notes(args: argparse.Namespace, device: str) -> list[str]:
-    """What a reader must know to read the numbers: random weights, the overlap scheduler."""
+    """What a reader must know to read the numbers: random weights."""
     out = []
     if any(merge_kwargs(args.engine_arg, kw).get("load_format") == "dummy"
            for _, kw in args.variants):  # fmt: skip
         out.append(DUMMY_NOTE)
-    if device == "cuda" and any(is_speculative(kw) for _, kw in args.variants):
-        out.append("speculative variants run without the overlap scheduler (overlap_schedule="
-                   "auto turns it off); plain ones with it (see engines[].overlap)")  # fmt: skip
     return out
 
 

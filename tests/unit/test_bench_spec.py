@@ -1,5 +1,6 @@
 """benchmarks/spec.py: variants and arguments, the workloads' prompts, the comparison and table, and
-a tiny run of plain against n-gram speculation on the tiny model (CPU)."""
+a tiny run of plain against n-gram speculation on the tiny model (CPU); benchmarks/spec_replay.py:
+a recorded trace replayed on random weights takes the recorded steps."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))  # the scripts import their helpers as top-level modules
 import spec  # noqa: E402
+import spec_replay  # noqa: E402
 import spec_report  # noqa: E402
 import spec_workloads  # noqa: E402
 
@@ -32,8 +34,7 @@ def test_variants_and_arguments() -> None:
         "speculative_algorithm": "draft", "speculative_draft_model_path": "/m/d.gguf",
         "page_size": 4})]  # fmt: skip
     assert [spec.is_speculative(kw) for _, kw in args.variants] == [False, True]
-    assert spec.notes(args, "cpu") == [spec.DUMMY_NOTE]
-    assert len(spec.notes(args, "cuda")) == 2  # and the overlap scheduler's
+    assert spec.notes(args, "cpu") == spec.notes(args, "cuda") == [spec.DUMMY_NOTE]
     for bad in (["--variant", "nocolon"], ["--variant", ":x=1"], ["--variant", "a:x"],
                 ["--variant", "a:", "--variant", "a:x=1"], ["--batches", "0"],
                 ["--snippet-lines", "9", "3"]):  # fmt: skip
@@ -116,3 +117,37 @@ def test_tiny_run_plain_against_ngram(tiny_model_dir: Path, tmp_path: Path,
     assert all(r["spec_draft_tokens"] == 0 for r in rows if r["variant"] == "plain")
     md = (out / "spec.md").read_text()
     assert "| sharegpt | 2 | ngram | 2 |" in md and md.strip() in capsys.readouterr().out
+
+
+def test_replay_takes_the_recorded_steps(tiny_model_dir: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """record on the tiny model (n-gram drafts from code-edit prompts), then replay on random
+    weights of the same config with every step verifying as in record: each request takes the
+    recorded verify steps (positions, drafts, accepted) and its recorded output length, at
+    batch sizes 1 and 2."""
+    from weft.runtime.scheduler.speculative import StepCosts
+
+    trace, out = tmp_path / "trace.json", tmp_path / "rec.json"
+    argv = ["record", "--model", str(tiny_model_dir), "--workloads", "code-edit",
+            "--num-prompts", "2", "--max-new-tokens", "16", "--engine-arg", "cpu_threads=1",
+            "--snippet-lines", "6", "10",
+            "--variant", "ngram:speculative_algorithm=ngram", "--trace", str(trace),
+            "--out", str(out)]  # fmt: skip
+    assert spec_replay.main(argv) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["variant"], r["same_as_baseline"]) for r in rows] == [("plain", None), ("ngram", 2)]
+    doc = json.loads(trace.read_text())
+    steps = [[tuple(s) for s in r["steps"]["ngram"]] for r in doc["requests"]]
+    assert sum(d for st in steps for _, d, _ in st) > 0, steps
+    monkeypatch.setattr(StepCosts, "speculate", lambda self, batch_size: True)
+    work = {"code-edit": [spec_replay.TraceReq("code-edit", r["input_ids"], r["output_len"],
+                                               {"ngram": st})
+                          for r, st in zip(doc["requests"], steps, strict=True)]}  # fmt: skip
+    kw = {"load_format": "dummy", "skip_tokenizer_init": True, "cpu_threads": 1,
+          "speculative_algorithm": "ngram"}  # fmt: skip
+    got, outs, seen = spec_replay.run_variant(str(tiny_model_dir), "ngram", kw, work, [1, 2], True)
+    for b in (1, 2):
+        for j, r in enumerate(doc["requests"]):
+            assert seen[f"code-edit/{b}/{j}"] == steps[j], (b, j)
+            assert len(outs[f"code-edit/{b}/{j}"]) == r["output_len"]
+    assert got[0].accepted == got[1].accepted == sum(a for st in steps for _, _, a in st)
