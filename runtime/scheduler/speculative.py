@@ -20,7 +20,8 @@ ACCEPT_EMA = 0.5  # weight of the newest step in a request's acceptance average
 PROBE_BELOW = 0.15  # a request accepting fewer than this share of its drafts gets one, a probe
 # whether to speculate at all (see StepCosts)
 STEP_EMA = 0.2  # weight of the newest step in the step-time and tokens-per-step averages
-REVISIT_EVERY = 32  # a batch-size class re-measures its less used kind of step this often
+REVISIT_EVERY = 32  # a batch-size class re-measures its less used kind of step this often ...
+REVISIT_MAX = 256  # ... twice as rarely after each revisit that kept the choice, up to this
 
 # the draft model's proposals: (requests, k) -> k tokens each, their draft distributions
 ProposeFn = Callable[[list[Req], int], tuple[list[list[int]], list[Any]]]
@@ -78,7 +79,9 @@ class ClassCosts:
     decode_s: float | None = None
     verify_s: float | None = None
     tokens_per_req: float | None = None
-    choices: int = 0
+    since_revisit: int = 0
+    revisit_every: int = REVISIT_EVERY
+    better: bool | None = None  # whether verify steps paid at the last choice
 
 
 class StepCosts:
@@ -86,8 +89,10 @@ class StepCosts:
     step: tokens_per_req / verify_s >= 1 / decode_s, both measured while serving, per batch-size
     class (the cost of verifying k more tokens per request grows with the batch as the step
     turns from reading weights to computing; acceptance depends on the text). A class first
-    tries both kinds of step, then takes the faster, and every REVISIT_EVERY choices runs the
-    other kind once so that a change (other text, longer contexts) is seen."""
+    tries both kinds of step, then takes the faster, and runs the other kind once after
+    REVISIT_EVERY choices so that a change (other text, longer contexts) is seen; each revisit
+    that keeps the choice doubles the wait (up to REVISIT_MAX: a slower kind costs under 1% of
+    the steps), a flip starts it again from REVISIT_EVERY."""
 
     def __init__(self, stats: dict[str, int]) -> None:
         self.stats = stats
@@ -96,13 +101,20 @@ class StepCosts:
 
     def speculate(self, batch_size: int) -> bool:
         c = self.classes.setdefault(size_class(batch_size), ClassCosts())
-        c.choices += 1
         if c.verify_s is None:
             return True
         if c.decode_s is None:
             return False
         better = (c.tokens_per_req or 1.0) / c.verify_s >= 1.0 / c.decode_s
-        return better != (c.choices % REVISIT_EVERY == 0)
+        if c.better is not None and better != c.better:
+            c.revisit_every = REVISIT_EVERY
+        c.better = better
+        c.since_revisit += 1
+        if c.since_revisit < c.revisit_every:
+            return better
+        c.since_revisit = 0
+        c.revisit_every = min(2 * c.revisit_every, REVISIT_MAX)
+        return not better
 
     def observe(self, kind: str, batch_size: int, seconds: float) -> None:
         """StepClock's listener: a decode or verify step took `seconds`, launch to launch."""

@@ -8,6 +8,7 @@ from kv_helpers import make_req
 from weft.runtime.scheduler.ngram import NgramDrafter
 from weft.runtime.scheduler.speculative import (
     REVISIT_EVERY,
+    REVISIT_MAX,
     DraftPolicy,
     SpecCounts,
     StepCosts,
@@ -80,12 +81,19 @@ def test_step_costs_choose_the_faster_kind_and_revisit() -> None:
     costs.observe("verify", 8, 0.015)
     assert not costs.speculate(8)  # ... then a plain one
     costs.observe("decode", 8, 0.010)
-    # 2 tokens / 15 ms beats 1 token / 10 ms: speculate, except one revisit in REVISIT_EVERY
-    picks = [costs.speculate(8) for _ in range(2 * REVISIT_EVERY)]
+    # 2 tokens / 15 ms beats 1 token / 10 ms: speculate, except one revisit after
+    # REVISIT_EVERY choices, then after twice as many, ... up to REVISIT_MAX
+    picks = [costs.speculate(8) for _ in range(REVISIT_EVERY * 7)]
+    plain = [i + 1 for i, p in enumerate(picks) if not p]
+    assert plain == [REVISIT_EVERY, 3 * REVISIT_EVERY, 7 * REVISIT_EVERY], plain
+    c = costs.classes[8]
+    c.since_revisit, c.revisit_every = 0, REVISIT_MAX
+    picks = [costs.speculate(8) for _ in range(2 * REVISIT_MAX)]
     assert picks.count(False) == 2
-    # the verify step slows down (a bigger batch computing more): plain decode wins
+    # the verify step slows down (a bigger batch computing more): plain decode wins, and the
+    # flip starts the revisits again from REVISIT_EVERY
     for _ in range(20):
         costs.observe("verify", 8, 0.030)
     picks = [costs.speculate(8) for _ in range(REVISIT_EVERY)]
-    assert picks.count(True) == 1
+    assert picks.count(True) == 1 and picks[-1], picks
     assert costs.speculate(1)  # another class measures for itself
