@@ -6,7 +6,8 @@
 
 Workload: random token ids sent to POST /generate as `input_ids` (so prompt lengths are exact),
 greedy, `ignore_eos`, `max_new_tokens` = the output length. Lengths are uniform in
-[range_ratio * len, len] (ratio 1 = fixed), deterministic per --seed.
+[range_ratio * len, len] (ratio 1 = fixed), deterministic per --seed, or taken in order from
+--lengths-file (ShareGPT's: benchmarks/data/sharegpt-lengths.json, made by sharegpt_lengths.py).
 Load: Poisson arrivals at --request-rate (inf = all at once) and/or at most --max-concurrency
 requests in flight. Several --max-concurrency values run one after another on the same prompts,
 each after warm-up requests and a prefix-cache flush.
@@ -72,6 +73,29 @@ def sample_requests(
         RequestSpec(rng.integers(0, vocab_size, size=int(n)).tolist(), int(m))
         for n, m in zip(in_lens, out_lens, strict=True)
     ]
+
+
+def requests_of_lengths(
+    lengths: list[tuple[int, int]], num: int, start: int, vocab_size: int, seed: int
+) -> list[RequestSpec]:
+    """Random prompts of the given (prompt, output) lengths, `num` of them from index `start`
+    (cycling through the list)."""
+    if not lengths:
+        raise ValueError("no (prompt, output) lengths to take")
+    rng = np.random.default_rng(seed)
+    picked = [lengths[(start + i) % len(lengths)] for i in range(num)]
+    return [RequestSpec(rng.integers(0, vocab_size, size=n).tolist(), m) for n, m in picked]
+
+
+def read_lengths(path: Path) -> list[tuple[int, int]]:
+    """The (prompt, output) pairs of a sharegpt_lengths.py file; ValueError if malformed."""
+    pairs = json.loads(path.read_text()).get("prompt_output_lengths")
+    if not isinstance(pairs, list) or not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) and x >= 1 for x in p)
+        for p in pairs
+    ):
+        raise ValueError(f"{path}: expected prompt_output_lengths, a list of [prompt, output] >= 1")
+    return [(n, m) for n, m in pairs]
 
 
 def arrival_gaps(num: int, rate: float, seed: int) -> list[float]:
@@ -337,6 +361,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opt(work, "--input-len", 256, "prompt tokens", type=int)
     opt(work, "--output-len", 64, "output tokens (ignore_eos)", type=int)
     opt(work, "--range-ratio", 1.0, "lengths uniform in [ratio * len, len]; 1 = fixed", type=float)
+    opt(
+        work,
+        "--lengths-file",
+        None,
+        "(prompt, output) lengths in order instead (replaces "
+        "--input-len, --output-len, --range-ratio)",
+        type=Path,
+    )
     opt(work, "--vocab-size", None, "ids from [0, N) (default: the model's config.json)", type=int)
     opt(work, "--temperature", 0.0, "sampling temperature", type=float)
     opt(work, "--seed", 0, "seed of the prompts and the arrival times", type=int)
@@ -379,9 +411,15 @@ def main(argv: list[str] | None = None) -> int:
         info = server_settings(url)
         print(f"server settings: {json.dumps(info['key'])}", flush=True)
         vocab = args.vocab_size or model_vocab_size(str(info["key"]["model_path"]))
-        shape = (args.input_len, args.output_len, args.range_ratio, vocab)
-        specs = sample_requests(args.num_prompts, *shape, args.seed)
-        warmup = sample_requests(args.warmup_requests, *shape, args.seed + 1)
+        if args.lengths_file is not None:
+            pairs = read_lengths(args.lengths_file)
+            specs = requests_of_lengths(pairs, args.num_prompts, 0, vocab, args.seed)
+            warmup = requests_of_lengths(pairs, args.warmup_requests, args.num_prompts, vocab,
+                                         args.seed + 1)  # fmt: skip
+        else:
+            shape = (args.input_len, args.output_len, args.range_ratio, vocab)
+            specs = sample_requests(args.num_prompts, *shape, args.seed)
+            warmup = sample_requests(args.warmup_requests, *shape, args.seed + 1)
         runs = asyncio.run(bench_server(args, url, specs, warmup))
     if args.offline_peer:
         bench_offline(args, engine_options(info["full"]), specs, warmup, runs)

@@ -165,6 +165,26 @@ def test_fixed_lengths_and_seeds_differ():
         bs.sample_requests(1, 10, 10, 1.5, 50, seed=0)
 
 
+def test_lengths_file_in_order_and_cycling(tmp_path: Path) -> None:
+    path = tmp_path / "lengths.json"
+    path.write_text(json.dumps({"prompt_output_lengths": [[5, 2], [3, 7], [9, 1]]}))
+    pairs = bs.read_lengths(path)
+    specs = bs.requests_of_lengths(pairs, 4, 0, 100, seed=0)
+    assert [(s.prompt_len, s.output_len) for s in specs] == [(5, 2), (3, 7), (9, 1), (5, 2)]
+    assert all(0 <= t < 100 for s in specs for t in s.input_ids)
+    warm = bs.requests_of_lengths(pairs, 2, 4, 100, seed=1)  # after the measured ones
+    assert [(s.prompt_len, s.output_len) for s in warm] == [(3, 7), (9, 1)]
+    for bad in ({"prompt_output_lengths": [[5]]}, {"prompt_output_lengths": [[0, 3]]}, {}):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match="prompt_output_lengths"):
+            bs.read_lengths(path)
+    with pytest.raises(ValueError, match="no .prompt, output. lengths"):
+        bs.requests_of_lengths([], 1, 0, 100, seed=0)
+    data = Path(__file__).resolve().parents[2] / "benchmarks/data/sharegpt-lengths.json"
+    shipped = bs.read_lengths(data)  # the committed ShareGPT lengths
+    assert len(shipped) == 1000 and all(n <= 1024 and n + m <= 2048 for n, m in shipped)
+
+
 def test_arrival_gaps_poisson():
     assert bs.arrival_gaps(5, math.inf, 0) == [0.0] * 5
     gaps = bs.arrival_gaps(20000, 4.0, seed=7)
