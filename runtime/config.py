@@ -45,6 +45,11 @@ class TuningConfig:
     extend_work: Literal["auto", "on", "off"] = "auto"
     # threads computing grammar masks ahead of the step (llguidance); None: min(3, cores - 1)
     grammar_mask_threads: int | None = None
+    # a verify step (speculative decoding) runs as decode rows, one per token, each attending to
+    # its request's KV up to its own position: auto where decode CUDA graphs run and the rows fit
+    # the largest graph (it replays one, reading the prefix's KV once per row); on also without
+    # graphs; off runs it as one eager extend
+    verify_as_decode: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -56,6 +61,10 @@ class TuningConfig:
             )
         if self.extend_work not in ("auto", "on", "off"):
             raise ValueError(f"extend_work must be 'auto', 'on' or 'off', got {self.extend_work!r}")
+        if self.verify_as_decode not in ("auto", "on", "off"):
+            raise ValueError(
+                f"verify_as_decode must be 'auto', 'on' or 'off', got {self.verify_as_decode!r}"
+            )
         if self.grammar_mask_threads is not None and self.grammar_mask_threads < 1:
             raise ValueError(f"grammar_mask_threads must be >= 1, got {self.grammar_mask_threads}")
 

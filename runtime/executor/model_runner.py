@@ -153,6 +153,10 @@ class ModelRunner:
             )
             self.graphs.capture()
             logger.info("CUDA graphs captured in %.1f s", time.perf_counter() - t1)
+        # the most tokens a verify step runs as decode rows (TuningConfig.verify_as_decode)
+        mode = config.tuning.verify_as_decode
+        graph_rows = self.graphs.sizes[-1] if self.graphs is not None else 0
+        self.verify_rows = {"off": 0, "auto": graph_rows}.get(mode, graph_rows or 1 << 30)
         self.num_forward_tokens = 0  # tokens actually run through the model (prefix reuse tests)
         self.num_forward_passes = 0
         self.num_shared_prefix_steps = 0  # decode steps that read a shared prefix once per group
@@ -290,29 +294,27 @@ class ModelRunner:
             positions += range(start, start + n)
             seq_lens.append(start + n)
         # one host-to-device copy for all of it (it does not wait for the step before)
-        rows = [r.row for r in batch.reqs]
+        rows: list[Any] = [r.row for r in batch.reqs]
         assert all(r is not None for r in rows), "a request without its table row"
-        parts: list[list[Any]] = [
-            ids,
-            positions,
-            rows,
-            seq_lens,
-            list(batch.extend_lens),
-            future_at,
-            future_row,
-        ]
+        mode, ext = batch.mode, list(batch.extend_lens)
+        if drafts is not None and len(ids) <= self.verify_rows:  # each token a decode row
+            mode, rows = ForwardMode.DECODE, [r for r, n in zip(rows, ext, strict=True)
+                                               for _ in range(n)]  # fmt: skip
+            seq_lens, ext = [p + 1 for p in positions], [1] * len(ids)
+        parts: list[list[Any]] = [ids, positions, rows, seq_lens, ext, future_at, future_row]
         flat = to_device([x for part in parts for x in part], torch.int64, self.device)
         cut = list(itertools.accumulate(map(len, parts), initial=0))
         input_ids, pos, req_rows, seq_t, ext_t, at_t, row_t = (
             flat[cut[k] : cut[k + 1]] for k in range(len(parts))
         )
-        if batch.mode == ForwardMode.DECODE:  # one token per request
+        if mode == ForwardMode.DECODE:  # one token per row
             row_per_token = req_rows
         else:
             row_per_token = torch.repeat_interleave(req_rows, ext_t, output_size=len(ids))
+        if batch.mode != ForwardMode.DECODE:
             self.plans.clear()
         fb = ForwardBatch(
-            mode=batch.mode,
+            mode=mode,
             input_ids=input_ids,
             positions=pos,
             out_cache_loc=self.req_to_token.table[row_per_token, pos],
@@ -320,7 +322,7 @@ class ModelRunner:
             seq_lens=seq_t,
             extend_lens=ext_t,
             seq_lens_cpu=seq_lens,
-            extend_lens_cpu=list(batch.extend_lens),
+            extend_lens_cpu=ext,
             shared=(
                 self.plans.plan(batch.reqs)
                 if self.plan_shared and batch.mode == ForwardMode.DECODE

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from support import save_tiny_llama
 
-from weft.runtime.config import EngineConfig
+from weft.runtime.config import EngineConfig, TuningConfig
+from weft.runtime.executor.batch import ForwardMode
 from weft.runtime.executor.distributed import Inbox
 from weft.runtime.ipc.messages import TokenizedGenerateReq
 from weft.runtime.sampling_params import SamplingParams
@@ -95,32 +96,57 @@ def plain(chaotic_model: Path) -> Outputs:
     return run(chaotic_model, workload(), logprobs=True)[0]
 
 
+ROWS = TuningConfig(verify_as_decode="on")
 CASES = {
     "pages of 1": {},
     "pages of 4": {"page_size": 4},
     "one draft": {"speculative_num_draft_tokens": 2},
     "eight drafts, pages of 4": {"speculative_num_draft_tokens": 9, "page_size": 4},
-    "short pool (retracts)": {
+    "short pool, retracting": {
         "page_size": 4,
         "max_total_tokens": 160,
         "schedule_conservativeness": 0.0,
     },
     "no radix cache": {"disable_radix_cache": True},
     "mixed chunks": {"enable_mixed_chunk": True},
+    # verify steps as decode rows (what replays from the decode CUDA graphs)
+    "verify as decode rows, pages of 4": {"page_size": 4, "tuning": ROWS},
+    "verify as decode rows, retracting": {
+        "page_size": 4,
+        "max_total_tokens": 160,
+        "schedule_conservativeness": 0.0,
+        "tuning": ROWS,
+    },
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_ngram_greedy_equals_plain(chaotic_model: Path, plain: Outputs, case: str) -> None:
+    modes: list[ForwardMode] = []  # of the verify steps' forwards
     spec, sched = run(chaotic_model, workload(), logprobs=True, speculative_algorithm="ngram",
-                      **CASES[case])  # fmt: skip
+                      setup=lambda s: watch_verify_modes(s, modes), **CASES[case])  # fmt: skip
     assert same_ids(spec, plain)
     for rid, (_, lps, _) in spec.items():  # the target's logprob of every accepted token
         assert lps == pytest.approx(plain[rid][1], abs=1e-3), rid
     st = sched.stats
     assert 0 < st["spec_accepted_tokens"] < st["spec_draft_tokens"]
-    if case.startswith("short pool"):
+    if "retract" in case:
         assert st["retractions"] > 0
+    rows = "decode rows" in case
+    assert set(modes) == {ForwardMode.DECODE if rows else ForwardMode.EXTEND}, modes
+
+
+def watch_verify_modes(sched: Scheduler, modes: list[ForwardMode]) -> None:
+    """Note the mode each verify step's forward runs in (decode rows, or one extend)."""
+    build = sched.runner._forward_batch
+
+    def watched(batch: Any) -> Any:
+        fb, futures = build(batch)
+        if batch.drafts is not None:
+            modes.append(fb.mode)
+        return fb, futures
+
+    sched.runner._forward_batch = watched  # type: ignore[method-assign]
 
 
 def alternate(sched: Scheduler) -> None:
@@ -191,23 +217,24 @@ def test_ngram_constrained_greedy_equals_plain(chaotic_model: Path, overlap: boo
         assert re.fullmatch(WORDS, text) or finish == "length", (text, finish)
 
 
-@pytest.mark.parametrize("draft", ["itself", "another model"])
+@pytest.mark.parametrize("draft", ["itself", "another model", "itself, verify as decode rows"])
 def test_draft_model_greedy_equals_plain(
     chaotic_model: Path, tiny_model_dir: Path, plain: Outputs, draft: str
 ) -> None:
     """A draft model with the target's vocabulary: the target itself (its drafts are the
     target's own greedy tokens: nearly all accepted) and an unrelated random model (mostly
     rejected); outputs and logprobs equal plain decoding's either way."""
-    path = chaotic_model if draft == "itself" else tiny_model_dir
+    path = tiny_model_dir if draft == "another model" else chaotic_model
+    more = {"tuning": ROWS} if "decode rows" in draft else {}
     spec, sched = run(chaotic_model, workload(), logprobs=True, page_size=4,
-                      speculative_algorithm="draft",
-                      speculative_draft_model_path=str(path))  # fmt: skip
+                      speculative_algorithm="draft", speculative_draft_model_path=str(path),
+                      **more)  # fmt: skip
     assert same_ids(spec, plain)
     for rid, (_, lps, _) in spec.items():
         assert lps == pytest.approx(plain[rid][1], abs=1e-3), rid
     st = sched.stats
     assert st["spec_verify_steps"] > 0
-    if draft == "itself":
+    if draft.startswith("itself"):
         assert st["spec_accepted_tokens"] >= 0.9 * st["spec_draft_tokens"], st
     else:
         assert st["spec_accepted_tokens"] < st["spec_draft_tokens"], st
