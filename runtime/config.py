@@ -49,7 +49,7 @@ class TuningConfig:
     # its request's KV up to its own position: auto where decode CUDA graphs run and the rows fit
     # the largest graph (it replays one, reading the prefix's KV once per row); on also without
     # graphs; off runs it as one eager extend
-    verify_as_decode: Literal["auto", "on", "off"] = "auto"
+    spec_decode_rows: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -61,9 +61,9 @@ class TuningConfig:
             )
         if self.extend_work not in ("auto", "on", "off"):
             raise ValueError(f"extend_work must be 'auto', 'on' or 'off', got {self.extend_work!r}")
-        if self.verify_as_decode not in ("auto", "on", "off"):
+        if self.spec_decode_rows not in ("auto", "on", "off"):
             raise ValueError(
-                f"verify_as_decode must be 'auto', 'on' or 'off', got {self.verify_as_decode!r}"
+                f"spec_decode_rows must be 'auto', 'on' or 'off', got {self.spec_decode_rows!r}"
             )
         if self.grammar_mask_threads is not None and self.grammar_mask_threads < 1:
             raise ValueError(f"grammar_mask_threads must be >= 1, got {self.grammar_mask_threads}")

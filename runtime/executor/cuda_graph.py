@@ -30,6 +30,14 @@ def capture_sizes(max_batch: int) -> list[int]:
     return [s for s in sizes if s <= max_batch] or [1]
 
 
+def decode_rows_limit(mode: str, graphs: GraphRunner | None) -> int:
+    """The most tokens a speculative extend (a verify step, the draft's catch-up) runs as decode
+    rows, one per token (TuningConfig.spec_decode_rows): auto up to the largest captured graph
+    (none without graphs), on without bound where no graph runs, off none."""
+    limit = graphs.sizes[-1] if graphs is not None else 0
+    return {"off": 0, "auto": limit}.get(mode, limit or 1 << 30)
+
+
 class GraphRunner:
     """Replays the decode forward (embedding -> final norm) for batches of one token per request.
 

@@ -27,7 +27,7 @@ import torch
 from weft.runtime.config import EngineConfig
 from weft.runtime.executor.attention import AttentionBackend, create_attention_backend
 from weft.runtime.executor.batch import ForwardBatch, ForwardMode
-from weft.runtime.executor.cuda_graph import GraphRunner
+from weft.runtime.executor.cuda_graph import GraphRunner, decode_rows_limit
 from weft.runtime.executor.distributed import TPGroup
 from weft.runtime.executor.draft_loader import DRAFT_SEED_OFFSET, LoadedDraft, load_draft
 from weft.runtime.executor.memory import KVPool, ReqToTokenPool
@@ -71,6 +71,7 @@ class DraftRunner:
         page_size: int,
         sampler: Sampler,
         graphs: GraphRunner | None,
+        decode_rows: int = 0,
     ) -> None:
         self.model = model
         self.hf_config = hf_config
@@ -80,6 +81,7 @@ class DraftRunner:
         self.page_size = page_size
         self.sampler = sampler
         self.graphs = graphs
+        self.decode_rows = decode_rows  # step 0 of up to this many tokens runs as decode rows
         self.device = pool.k[0].device
         self.vocab_size = int(hf_config.vocab_size)
         self.num_forward_passes = 0  # draft forwards (extend + propose steps)
@@ -159,7 +161,8 @@ class DraftRunner:
         sampler = Sampler(hf_config.vocab_size, device, config.seed + DRAFT_SEED_OFFSET)
         logger.info("draft model %s: %d layers, KV %d bytes per slot", path,
                     hf_config.num_hidden_layers, pool_bytes(pool) // num_slots)  # fmt: skip
-        return cls(model, hf_config, pool, attn, table, page_size, sampler, graphs)
+        rows = decode_rows_limit(config.tuning.spec_decode_rows, graphs)
+        return cls(model, hf_config, pool, attn, table, page_size, sampler, graphs, rows)
 
     @staticmethod
     def bytes_per_slot(config: EngineConfig, draft_hf_config: Any, tp: TPGroup | None) -> int:
@@ -191,21 +194,20 @@ class DraftRunner:
         rows = [_without_penalties(r) for r in rows]
         sampled = [i for i, r in enumerate(rows) if not r.picks_argmax]
         sampled_t = to_device(sampled, torch.int64, self.device) if sampled else None
-        fb, last_rows = self._first_batch(reqs)
+        fb, last_rows, req_rows, seq_t = self._first_batch(reqs)
         hidden = self._run(fb)
         ids, probs = self._draw(self._logits(hidden, last_rows), rows, sampled_t)
         steps, dists = [ids], [probs]
-        seq_t = fb.seq_lens
         ones = torch.ones_like(seq_t)
-        seq_cpu = fb.seq_lens_cpu
+        seq_cpu = [r.seq_len for r in reqs]
         for i in range(1, k):  # input: draft token i at position seq_len + i - 1
             positions = seq_t + (i - 1)
             fb = ForwardBatch(
                 mode=ForwardMode.DECODE,
                 input_ids=ids,
                 positions=positions,
-                out_cache_loc=self.table.table[fb.req_rows, positions],
-                req_rows=fb.req_rows,
+                out_cache_loc=self.table.table[req_rows, positions],
+                req_rows=req_rows,
                 seq_lens=seq_t + i,
                 extend_lens=ones,
                 seq_lens_cpu=[s + i for s in seq_cpu],
@@ -255,9 +257,13 @@ class DraftRunner:
             raise ValueError(f"request {rid} (table row {at_rows[i]}): no KV slot allocated for "
                              f"position {at_cols[i]}, which the draft runs")  # fmt: skip
 
-    def _first_batch(self, reqs: list[Req]) -> tuple[ForwardBatch, torch.Tensor | None]:
-        """Step 0's batch (positions [draft_len, seq_len) per request) and the hidden rows of
-        each request's last token (None: every request runs one token, one row each)."""
+    def _first_batch(
+        self, reqs: list[Req]
+    ) -> tuple[ForwardBatch, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """Step 0's batch (positions [draft_len, seq_len) per request: one decode row per token
+        where they fit `decode_rows`, so that a graph replays it), the hidden rows of each
+        request's last token (None: every request runs one token, one row each), and each
+        request's table row and seq_len on the device."""
         lens = [r.seq_len - r.draft_len for r in reqs]
         ids = [t for r in reqs for t in r.tokens(r.draft_len, r.seq_len)]
         positions = [p for r in reqs for p in range(r.draft_len, r.seq_len)]
@@ -269,25 +275,21 @@ class DraftRunner:
         input_ids, pos, req_rows, seq_t, ext_t = (
             flat[cut[j] : cut[j + 1]] for j in range(len(parts))
         )
-        decode = all(n == 1 for n in lens)
-        if decode:
-            row_per_token = req_rows
-            last = None
+        if all(n == 1 for n in lens):
+            fb = ForwardBatch(ForwardMode.DECODE, input_ids, pos, self.table.table[req_rows, pos],
+                              req_rows, seq_t, ext_t, seq_lens, lens)  # fmt: skip
+            return fb, None, req_rows, seq_t
+        row_per_token = torch.repeat_interleave(req_rows, ext_t, output_size=len(ids))
+        last = torch.cumsum(ext_t, 0) - 1
+        slots = self.table.table[row_per_token, pos]
+        if len(ids) <= self.decode_rows:  # each token a decode row up to its own position
+            ones = torch.ones_like(pos)
+            fb = ForwardBatch(ForwardMode.DECODE, input_ids, pos, slots, row_per_token, pos + 1,
+                              ones, [p + 1 for p in positions], [1] * len(ids))  # fmt: skip
         else:
-            row_per_token = torch.repeat_interleave(req_rows, ext_t, output_size=len(ids))
-            last = torch.cumsum(ext_t, 0) - 1
-        fb = ForwardBatch(
-            mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
-            input_ids=input_ids,
-            positions=pos,
-            out_cache_loc=self.table.table[row_per_token, pos],
-            req_rows=req_rows,
-            seq_lens=seq_t,
-            extend_lens=ext_t,
-            seq_lens_cpu=seq_lens,
-            extend_lens_cpu=lens,
-        )
-        return fb, last
+            fb = ForwardBatch(ForwardMode.EXTEND, input_ids, pos, slots, req_rows, seq_t, ext_t,
+                              seq_lens, lens)  # fmt: skip
+        return fb, last, req_rows, seq_t
 
     def _run(self, fb: ForwardBatch) -> torch.Tensor:
         """Hidden states [T, hidden] of one draft forward (a view into the graph's buffer when a

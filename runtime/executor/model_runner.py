@@ -12,7 +12,7 @@ import torch
 from weft.runtime.config import EngineConfig
 from weft.runtime.executor.attention import create_attention_backend
 from weft.runtime.executor.batch import Batch, ForwardBatch, ForwardMode
-from weft.runtime.executor.cuda_graph import GraphRunner
+from weft.runtime.executor.cuda_graph import GraphRunner, decode_rows_limit
 from weft.runtime.executor.distributed import TPGroup
 from weft.runtime.executor.draft import DraftRunner
 from weft.runtime.executor.draft_loader import load_draft
@@ -153,10 +153,7 @@ class ModelRunner:
             )
             self.graphs.capture()
             logger.info("CUDA graphs captured in %.1f s", time.perf_counter() - t1)
-        # the most tokens a verify step runs as decode rows (TuningConfig.verify_as_decode)
-        mode = config.tuning.verify_as_decode
-        graph_rows = self.graphs.sizes[-1] if self.graphs is not None else 0
-        self.verify_rows = {"off": 0, "auto": graph_rows}.get(mode, graph_rows or 1 << 30)
+        self.verify_rows = decode_rows_limit(config.tuning.spec_decode_rows, self.graphs)
         self.num_forward_tokens = 0  # tokens actually run through the model (prefix reuse tests)
         self.num_forward_passes = 0
         self.num_shared_prefix_steps = 0  # decode steps that read a shared prefix once per group

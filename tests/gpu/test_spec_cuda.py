@@ -42,7 +42,7 @@ def test_bf16_triton_graphs_ngram(random_llama_d64: Path, verify: str) -> None:
     plain, _ = outputs(random_llama_d64, attention_backend="triton")
     spec, state = outputs(random_llama_d64, attention_backend="triton",
                           speculative_algorithm="ngram",
-                          tuning={"verify_as_decode": verify})  # fmt: skip
+                          tuning={"spec_decode_rows": verify})  # fmt: skip
     assert state["spec_accepted_tokens"] > 0 and state["verify_steps"] > 0
     # bf16: the verify forward and the plain decode graphs round differently (other GEMM
     # shapes), so a near tie may flip; most prompts must still match token for token

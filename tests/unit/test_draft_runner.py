@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from weft.runtime.config import EngineConfig
+from weft.runtime.config import EngineConfig, TuningConfig
 from weft.runtime.executor.batch import ForwardBatch, ForwardMode
 from weft.runtime.executor.draft import DraftRunner
 from weft.runtime.executor.draft_loader import load_draft, read_draft_hf_config
@@ -124,13 +124,17 @@ def greedy_rows(reqs: list[Req]) -> list[SamplingInputs]:
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("rows", ["off", "on"])
 def test_greedy_proposals_equal_the_model_alone(
-    draft_model: tuple[Path, Any], page_size: int
+    draft_model: tuple[Path, Any], page_size: int, rows: str
 ) -> None:
+    """`rows`: step 0 (several tokens behind) as one extend, or as decode rows (spec_decode_rows:
+    what a CUDA graph replays)."""
     folder, hf = draft_model
-    config = engine_config(folder, page_size)
+    config = engine_config(folder, page_size, tuning=TuningConfig(spec_decode_rows=rows))
     table, alloc = ReqToTokenPool(8, CTX, CPU), PageAllocator(256 // page_size, page_size, CPU)
     draft = build(config, folder, table, 256)
+    assert (draft.decode_rows > 0) == (rows == "on")
     reqs = make_reqs(table, alloc)
     catch_up(draft, table, reqs)
     for accepted in ([1, 0, 4, 2], None):  # round 2 after a simulated verification

@@ -96,7 +96,7 @@ def plain(chaotic_model: Path) -> Outputs:
     return run(chaotic_model, workload(), logprobs=True)[0]
 
 
-ROWS = TuningConfig(verify_as_decode="on")
+ROWS = TuningConfig(spec_decode_rows="on")
 CASES = {
     "pages of 1": {},
     "pages of 4": {"page_size": 4},
