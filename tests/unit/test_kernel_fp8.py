@@ -1,6 +1,6 @@
 """The FP8 kernels (kernels/fp8.py, kernels/fp8_gemv.py) on CPU under TRITON_INTERPRET=1 against
 their float32 references: the per-token / static activation quantization (SiLU-and-mul folded in)
-and the skinny FP8 GEMV over 1-32 rows, split K, bias, uneven shapes."""
+and the skinny FP8 GEMV (W8A8) over 1-32 rows, split K, bias, uneven shapes, static scales."""
 
 from __future__ import annotations
 
@@ -101,6 +101,22 @@ GEMV_CASES = [
 ]
 
 
+def own_quantization_ref(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    b: torch.Tensor | None = None,
+    silu_mul: bool = False,
+    static: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """fp8_gemv_ref's product over x as the interpreted quantization kernel rounds it (its fp8
+    conversion is not the GPU's: test_quantize_activations; tests/gpu compare the real one to
+    fp8_gemv_ref)."""
+    xq, xs = fp8.quantize_activations(x, static, silu_mul=silu_mul)
+    y = (xq.float() @ w.float().T) * xs.float() * scale.float()[None, :]
+    return y if b is None else y + b.float()
+
+
 @pytest.mark.parametrize("rows, n, k, dtype, bias, silu_mul, launch", GEMV_CASES)
 @interpreted
 def test_fp8_gemv(
@@ -111,7 +127,8 @@ def test_fp8_gemv(
     b = torch.randn(n).to(dtype) if bias else None
     out = torch.full((rows, n), NAN, dtype=dtype)
     fg.fp8_gemv(x, w, scale, b, silu_mul=silu_mul, out=out, launch=GemvLaunch(*launch))
-    assert_close(out, fg.fp8_gemv_ref(x, w, scale, b, silu_mul), TOL[dtype])
+    assert_close(out, own_quantization_ref(x, w, scale, b, silu_mul), TOL[dtype])
+    assert_close(out, fg.fp8_gemv_ref(x, w, scale, b, silu_mul), 0.1)  # (the interpreter's fp8)
 
 
 @interpreted
@@ -121,12 +138,23 @@ def test_fp8_gemv_default_launch_and_its_split_sum_launch(monkeypatch: pytest.Mo
     rows, n, k = 5, 64, 8192
     x = torch.randn(rows, k).to(torch.float16)
     w, scale = _fp8_weight(n, k)
-    assert fg.default_launch(n, k).split_k == 4
+    assert fg.default_launch(n, k).split_k == 2
     first = fg.fp8_gemv(x, w, scale)
     monkeypatch.setattr(fg, "arrival_counters", lambda *args: None)
     second = fg.fp8_gemv(x, w, scale)
-    assert_close(first, fg.fp8_gemv_ref(x, w, scale), TOL[torch.float16])
+    assert_close(first, own_quantization_ref(x, w, scale), TOL[torch.float16])
     assert torch.equal(first, second)
+
+
+@interpreted
+def test_fp8_gemv_static_input_scale() -> None:
+    """A checkpoint's static activation scale: x quantized with it, as the prefill GEMM does."""
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    w, scale = _fp8_weight(48, 64)
+    static = torch.tensor(0.02)
+    out = fg.fp8_gemv(x, w, scale, input_scale=static)
+    assert_close(out, own_quantization_ref(x, w, scale, static=static), TOL[torch.bfloat16])
+    assert not torch.allclose(out.float(), own_quantization_ref(x, w, scale), atol=1e-3)
 
 
 @interpreted

@@ -120,7 +120,7 @@ class Fp8Method(QuantMethod):
             from weft.kernels.fp8_gemv import fp8_gemv
 
             pdl = bool(getattr(layer, "pdl", False))
-            return fp8_gemv(x.contiguous(), weight, weight_scale, bias, pdl=pdl)
+            return fp8_gemv(x.contiguous(), weight, weight_scale, bias, input_scale=static, pdl=pdl)
         from weft.kernels.fp8 import quantize_activations, scaled_mm
 
         xq, x_scale = quantize_activations(x.contiguous(), static)
