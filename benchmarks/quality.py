@@ -7,8 +7,9 @@ FP8 (weights, and weights + KV), over ShareGPT text, and greedy agreement over 2
 The reference is the bf16 model (what the GPU runs). A GGUF is dequantized at load (full precision
 from its blocks), then each variant is built from that checkpoint: `fp8` quantizes every projection
 per output channel at load (runtime/models/quant/fp8.py) and quantizes activations per token
-(W8A8, as the GPU's prefill GEMM and decode GEMV compute it); `fp8-kv` adds the fp8_e4m3 KV pool. `--oracle` adds a float32 model and
-reports each variant's KL from it too (bf16's own rounding as the floor).
+(W8A8, as the GPU's prefill GEMM and decode GEMV compute it); `fp8-kv` adds the fp8_e4m3 KV pool.
+`--oracle` adds a float32 model and reports each variant's KL from it too (bf16's own rounding as
+the floor).
 
 Per prompt (the first human turn of ShareGPT conversations, in file order, cut to --prompt-tokens):
 the reference writes --gen greedy tokens; every variant then reads prompt + that continuation in

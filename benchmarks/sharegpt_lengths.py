@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         got.append(pair)
         if len(got) == args.num:
             break
+    if not got:
+        raise SystemExit(f"no usable conversation in {args.sharegpt}")
     cmd = shlex.join(["python", "benchmarks/sharegpt_lengths.py", *(argv or sys.argv[1:])])
     doc = {"command": cmd, "source": args.sharegpt.name, "tokenizer": Path(args.tokenizer).name,
            "prompt_output_lengths": got}  # fmt: skip

@@ -241,7 +241,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def notes(args: argparse.Namespace, device: str) -> list[str]:
+def notes(args: argparse.Namespace) -> list[str]:
     """What a reader must know to read the numbers: random weights."""
     out = []
     if any(merge_kwargs(args.engine_arg, kw).get("load_format") == "dummy"
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         "variants": {n: ",".join(f"{k}={v}" for k, v in kw.items()) or "(engine args only)"
                      for n, kw in args.variants},
         "engine_args": args.engine_arg, "workloads": {}, "engines": [],
-        "notes": notes(args, device) + skipped,
+        "notes": notes(args) + skipped,
     }  # fmt: skip
     for line in meta["notes"]:
         print(f"NOTE: {line}", flush=True)

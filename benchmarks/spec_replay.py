@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 from bench_utils import device_name, git_commit, markdown_table, merge_kwargs, parse_kv
+from spec import SHAREGPT, is_speculative, parse_variant
 from spec_workloads import WorkloadSpec, build_workload
 
 import weft.runtime.scheduler.scheduler as scheduler_module
@@ -58,7 +59,6 @@ from weft.runtime.scheduler.request import Req
 from weft.runtime.scheduler.scheduler import Scheduler
 from weft.runtime.server.launch import prepare
 
-SHAREGPT = Path.home() / ".cache/weft-models/sharegpt.jsonl"
 REPLAYABLE = ("code-edit", "sharegpt")  # (constrained drafts depend on the text: not replayable)
 
 
@@ -186,10 +186,6 @@ def drive(sched: Scheduler, reqs: list[tuple[str, list[int], SamplingParams]]) -
     if sched.runner.device.type == "cuda":
         torch.cuda.synchronize()
     return done
-
-
-def is_speculative(kwargs: dict[str, Any]) -> bool:
-    return kwargs.get("speculative_algorithm") not in (None, "", "none")
 
 
 def run_variant(
@@ -348,15 +344,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="a JSON of the rows, with the command")
     args = ap.parse_args(argv)
     args.engine_arg = parse_kv(args.engine_arg)
-    variants = []
-    for text in args.variant:
-        name, sep, pairs = text.partition(":")
-        if not sep or not name.strip() or name.strip() == "plain":
-            ap.error(f"expected NAME:KEY=VALUE,... (NAME not 'plain'), got {text!r}")
-        kw = parse_kv(pairs.split(",")) if pairs.strip() else {}
-        if not is_speculative(kw):
-            ap.error(f"variant {name} is not speculative (speculative_algorithm=...)")
-        variants.append((name.strip(), kw))
+    try:
+        variants = [parse_variant(text) for text in args.variant]
+    except argparse.ArgumentTypeError as e:
+        ap.error(str(e))
+    for name, kw in variants:
+        if name == "plain" or not is_speculative(kw):
+            ap.error(f"variant {name}: not 'plain' (the baseline's name), and speculative "
+                     "(speculative_algorithm=...)")  # fmt: skip
     args.variants = variants
     if args.mode == "record" and not variants:
         ap.error("record needs at least one --variant")

@@ -45,10 +45,10 @@ class TuningConfig:
     extend_work: Literal["auto", "on", "off"] = "auto"
     # threads computing grammar masks ahead of the step (llguidance); None: min(3, cores - 1)
     grammar_mask_threads: int | None = None
-    # a verify step (speculative decoding) runs as decode rows, one per token, each attending to
-    # its request's KV up to its own position: auto where decode CUDA graphs run and the rows fit
-    # the largest graph (it replays one, reading the prefix's KV once per row); on also without
-    # graphs; off runs it as one eager extend
+    # speculative decoding's short extends (a verify step, the draft model's catch-up) run as
+    # decode rows, one per token, each attending to its request's KV up to its own position:
+    # auto where decode CUDA graphs run and the rows fit the largest graph (it replays one,
+    # reading the prefix's KV once per row); on also without graphs; off runs one eager extend
     spec_decode_rows: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:

@@ -84,8 +84,8 @@ _HELP = {
     "disable_pdl": "launch the norm and GEMV kernels plainly, not as programmatic dependents",
     "extend_work": "the triton extend kernel's work list: auto (on over an fp8 pool), on or off",
     "grammar_mask_threads": "threads computing grammar masks ahead; none = min(3, cores - 1)",
-    "spec_decode_rows": "speculative verify steps and draft catch-ups as decode rows, one per token: auto (replayed "
-    "from the decode CUDA graphs where they fit), on or off (one eager extend)",
+    "spec_decode_rows": "speculative verify steps and draft catch-ups as decode rows, one per "
+    "token: auto (replayed from the decode CUDA graphs where they fit), on or off (one extend)",
 }
 
 

@@ -78,3 +78,26 @@ class ForwardBatch:
     @property
     def prefix_lens_cpu(self) -> list[int]:
         return [s - e for s, e in zip(self.seq_lens_cpu, self.extend_lens_cpu, strict=True)]
+
+    def as_decode_rows(self, token_rows: torch.Tensor | None = None) -> ForwardBatch:
+        """This extend batch as decode rows, one per token (`token_rows`: each token's table
+        row, when the caller has them already): a token attends to its request's KV up to its own position, the same keys as in
+        the extend (every token's K and V are stored before attention reads them), so a decode
+        CUDA graph can replay it. The hidden rows keep the extend's order."""
+        seq_cpu = [p + 1 for s, n in zip(self.seq_lens_cpu, self.extend_lens_cpu, strict=True)
+                   for p in range(s - n, s)]  # fmt: skip
+        if token_rows is None:
+            token_rows = torch.repeat_interleave(
+                self.req_rows, self.extend_lens, output_size=len(seq_cpu)
+            )
+        return ForwardBatch(
+            mode=ForwardMode.DECODE,
+            input_ids=self.input_ids,
+            positions=self.positions,
+            out_cache_loc=self.out_cache_loc,
+            req_rows=token_rows,
+            seq_lens=self.positions + 1,
+            extend_lens=torch.ones_like(self.positions),
+            seq_lens_cpu=seq_cpu,
+            extend_lens_cpu=[1] * len(seq_cpu),
+        )

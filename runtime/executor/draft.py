@@ -8,7 +8,8 @@ one the draft can write. The draft allocates and frees nothing.
 
     target extend (prefill chunk)  -> DraftRunner.extend(fb)   the same tokens into the draft's KV
     before a verify step           -> DraftRunner.propose(reqs, k, rows) -> Proposal
-        step 0 (EXTEND, or DECODE when every request runs one token): positions
+        step 0 (EXTEND, or DECODE when every request runs one token, or decode rows: one per
+               token, `spec_decode_rows`): positions
                [draft_len, seq_len) of each request, logits at its last -> draft token 1
         steps 1..k-1 (DECODE, CUDA graphs where captured): position seq_len + i - 1 -> token i+1
         req.draft_len = seq_len + k - 1 (the caller lowers it to what verification accepted)
@@ -81,7 +82,7 @@ class DraftRunner:
         self.page_size = page_size
         self.sampler = sampler
         self.graphs = graphs
-        self.decode_rows = decode_rows  # step 0 of up to this many tokens runs as decode rows
+        self.decode_rows = decode_rows  # a step 0 of up to this many tokens runs as decode rows
         self.device = pool.k[0].device
         self.vocab_size = int(hf_config.vocab_size)
         self.num_forward_passes = 0  # draft forwards (extend + propose steps)
@@ -194,20 +195,22 @@ class DraftRunner:
         rows = [_without_penalties(r) for r in rows]
         sampled = [i for i, r in enumerate(rows) if not r.picks_argmax]
         sampled_t = to_device(sampled, torch.int64, self.device) if sampled else None
-        fb, last_rows, req_rows, seq_t = self._first_batch(reqs)
-        hidden = self._run(fb)
+        fb, last_rows = self._first_batch(reqs)
+        catch_up = fb.mode == ForwardMode.EXTEND and sum(fb.extend_lens_cpu) <= self.decode_rows
+        hidden = self._run(fb.as_decode_rows() if catch_up else fb)  # (a graph replays rows)
         ids, probs = self._draw(self._logits(hidden, last_rows), rows, sampled_t)
         steps, dists = [ids], [probs]
+        seq_t = fb.seq_lens
         ones = torch.ones_like(seq_t)
-        seq_cpu = [r.seq_len for r in reqs]
+        seq_cpu = fb.seq_lens_cpu
         for i in range(1, k):  # input: draft token i at position seq_len + i - 1
             positions = seq_t + (i - 1)
             fb = ForwardBatch(
                 mode=ForwardMode.DECODE,
                 input_ids=ids,
                 positions=positions,
-                out_cache_loc=self.table.table[req_rows, positions],
-                req_rows=req_rows,
+                out_cache_loc=self.table.table[fb.req_rows, positions],
+                req_rows=fb.req_rows,
                 seq_lens=seq_t + i,
                 extend_lens=ones,
                 seq_lens_cpu=[s + i for s in seq_cpu],
@@ -257,13 +260,9 @@ class DraftRunner:
             raise ValueError(f"request {rid} (table row {at_rows[i]}): no KV slot allocated for "
                              f"position {at_cols[i]}, which the draft runs")  # fmt: skip
 
-    def _first_batch(
-        self, reqs: list[Req]
-    ) -> tuple[ForwardBatch, torch.Tensor | None, torch.Tensor, torch.Tensor]:
-        """Step 0's batch (positions [draft_len, seq_len) per request: one decode row per token
-        where they fit `decode_rows`, so that a graph replays it), the hidden rows of each
-        request's last token (None: every request runs one token, one row each), and each
-        request's table row and seq_len on the device."""
+    def _first_batch(self, reqs: list[Req]) -> tuple[ForwardBatch, torch.Tensor | None]:
+        """Step 0's batch (positions [draft_len, seq_len) per request) and the hidden rows of
+        each request's last token (None: every request runs one token, one row each)."""
         lens = [r.seq_len - r.draft_len for r in reqs]
         ids = [t for r in reqs for t in r.tokens(r.draft_len, r.seq_len)]
         positions = [p for r in reqs for p in range(r.draft_len, r.seq_len)]
@@ -275,21 +274,25 @@ class DraftRunner:
         input_ids, pos, req_rows, seq_t, ext_t = (
             flat[cut[j] : cut[j + 1]] for j in range(len(parts))
         )
-        if all(n == 1 for n in lens):
-            fb = ForwardBatch(ForwardMode.DECODE, input_ids, pos, self.table.table[req_rows, pos],
-                              req_rows, seq_t, ext_t, seq_lens, lens)  # fmt: skip
-            return fb, None, req_rows, seq_t
-        row_per_token = torch.repeat_interleave(req_rows, ext_t, output_size=len(ids))
-        last = torch.cumsum(ext_t, 0) - 1
-        slots = self.table.table[row_per_token, pos]
-        if len(ids) <= self.decode_rows:  # each token a decode row up to its own position
-            ones = torch.ones_like(pos)
-            fb = ForwardBatch(ForwardMode.DECODE, input_ids, pos, slots, row_per_token, pos + 1,
-                              ones, [p + 1 for p in positions], [1] * len(ids))  # fmt: skip
+        decode = all(n == 1 for n in lens)
+        if decode:
+            row_per_token = req_rows
+            last = None
         else:
-            fb = ForwardBatch(ForwardMode.EXTEND, input_ids, pos, slots, req_rows, seq_t, ext_t,
-                              seq_lens, lens)  # fmt: skip
-        return fb, last, req_rows, seq_t
+            row_per_token = torch.repeat_interleave(req_rows, ext_t, output_size=len(ids))
+            last = torch.cumsum(ext_t, 0) - 1
+        fb = ForwardBatch(
+            mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
+            input_ids=input_ids,
+            positions=pos,
+            out_cache_loc=self.table.table[row_per_token, pos],
+            req_rows=req_rows,
+            seq_lens=seq_t,
+            extend_lens=ext_t,
+            seq_lens_cpu=seq_lens,
+            extend_lens_cpu=lens,
+        )
+        return fb, last
 
     def _run(self, fb: ForwardBatch) -> torch.Tensor:
         """Hidden states [T, hidden] of one draft forward (a view into the graph's buffer when a

@@ -291,27 +291,29 @@ class ModelRunner:
             positions += range(start, start + n)
             seq_lens.append(start + n)
         # one host-to-device copy for all of it (it does not wait for the step before)
-        rows: list[Any] = [r.row for r in batch.reqs]
+        rows = [r.row for r in batch.reqs]
         assert all(r is not None for r in rows), "a request without its table row"
-        mode, ext = batch.mode, list(batch.extend_lens)
-        if drafts is not None and len(ids) <= self.verify_rows:  # each token a decode row
-            mode, rows = ForwardMode.DECODE, [r for r, n in zip(rows, ext, strict=True)
-                                               for _ in range(n)]  # fmt: skip
-            seq_lens, ext = [p + 1 for p in positions], [1] * len(ids)
-        parts: list[list[Any]] = [ids, positions, rows, seq_lens, ext, future_at, future_row]
+        parts: list[list[Any]] = [
+            ids,
+            positions,
+            rows,
+            seq_lens,
+            list(batch.extend_lens),
+            future_at,
+            future_row,
+        ]
         flat = to_device([x for part in parts for x in part], torch.int64, self.device)
         cut = list(itertools.accumulate(map(len, parts), initial=0))
         input_ids, pos, req_rows, seq_t, ext_t, at_t, row_t = (
             flat[cut[k] : cut[k + 1]] for k in range(len(parts))
         )
-        if mode == ForwardMode.DECODE:  # one token per row
+        if batch.mode == ForwardMode.DECODE:  # one token per request
             row_per_token = req_rows
         else:
             row_per_token = torch.repeat_interleave(req_rows, ext_t, output_size=len(ids))
-        if batch.mode != ForwardMode.DECODE:
             self.plans.clear()
         fb = ForwardBatch(
-            mode=mode,
+            mode=batch.mode,
             input_ids=input_ids,
             positions=pos,
             out_cache_loc=self.req_to_token.table[row_per_token, pos],
@@ -319,13 +321,15 @@ class ModelRunner:
             seq_lens=seq_t,
             extend_lens=ext_t,
             seq_lens_cpu=seq_lens,
-            extend_lens_cpu=ext,
+            extend_lens_cpu=list(batch.extend_lens),
             shared=(
                 self.plans.plan(batch.reqs)
                 if self.plan_shared and batch.mode == ForwardMode.DECODE
                 else None
             ),
         )
+        if drafts is not None and len(ids) <= self.verify_rows:  # a verify step, as decode rows
+            fb = fb.as_decode_rows(row_per_token)
         return fb, ((at_t, row_t, future_steps) if future_at else None)
 
     @torch.no_grad()

@@ -34,7 +34,7 @@ def test_variants_and_arguments() -> None:
         "speculative_algorithm": "draft", "speculative_draft_model_path": "/m/d.gguf",
         "page_size": 4})]  # fmt: skip
     assert [spec.is_speculative(kw) for _, kw in args.variants] == [False, True]
-    assert spec.notes(args, "cpu") == spec.notes(args, "cuda") == [spec.DUMMY_NOTE]
+    assert spec.notes(args) == [spec.DUMMY_NOTE]
     for bad in (["--variant", "nocolon"], ["--variant", ":x=1"], ["--variant", "a:x"],
                 ["--variant", "a:", "--variant", "a:x=1"], ["--batches", "0"],
                 ["--snippet-lines", "9", "3"]):  # fmt: skip
@@ -117,6 +117,16 @@ def test_tiny_run_plain_against_ngram(tiny_model_dir: Path, tmp_path: Path,
     assert all(r["spec_draft_tokens"] == 0 for r in rows if r["variant"] == "plain")
     md = (out / "spec.md").read_text()
     assert "| sharegpt | 2 | ngram | 2 |" in md and md.strip() in capsys.readouterr().out
+
+
+def test_replay_arguments() -> None:
+    args = spec_replay.parse_args(["record", "--model", "m", "--trace", "t.json",
+                                   "--variant", "ng:speculative_algorithm=ngram"])  # fmt: skip
+    assert args.variants == [("ng", {"speculative_algorithm": "ngram"})]
+    for bad in (["--variant", "plain:speculative_algorithm=ngram"], ["--variant", "x:"],
+                ["--variant", "nocolon"], []):  # fmt: skip
+        with pytest.raises(SystemExit):
+            spec_replay.parse_args(["record", "--model", "m", "--trace", "t.json", *bad])
 
 
 def test_replay_takes_the_recorded_steps(tiny_model_dir: Path, tmp_path: Path,

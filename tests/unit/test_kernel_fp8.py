@@ -128,7 +128,6 @@ def test_fp8_gemv(
     out = torch.full((rows, n), NAN, dtype=dtype)
     fg.fp8_gemv(x, w, scale, b, silu_mul=silu_mul, out=out, launch=GemvLaunch(*launch))
     assert_close(out, own_quantization_ref(x, w, scale, b, silu_mul), TOL[dtype])
-    assert_close(out, fg.fp8_gemv_ref(x, w, scale, b, silu_mul), 0.1)  # (the interpreter's fp8)
 
 
 @interpreted
