@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from weft.kernels.host_linear import host_linear
+
 if TYPE_CHECKING:
     from weft.kernels.skinny import GemvLaunch
     from weft.runtime.models.quant.base import QuantMethod
@@ -66,7 +68,7 @@ class Projection(nn.Linear):
             from weft.kernels.skinny import gemv as skinny_gemv
 
             return skinny_gemv(x, self.weight, self.bias, launch=launch, pdl=self.pdl)
-        return F.linear(x, self.weight, self.bias)
+        return host_linear(x, self.weight, self.bias)
 
     def forward_gated(
         self,
@@ -84,7 +86,7 @@ class Projection(nn.Linear):
 
             return skinny_gemv(gate_up, self.weight, self.bias, silu_mul=True, launch=launch,
                                pdl=self.pdl)  # fmt: skip
-        return F.linear(act(gate_up), self.weight, self.bias)
+        return host_linear(act(gate_up), self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):

@@ -10,6 +10,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from weft.kernels.host_linear import host_linear
+
 if TYPE_CHECKING:
     from weft.runtime.models.quant.base import QuantEmbeddingMethod
 
@@ -141,5 +143,5 @@ class ParallelLMHead(_VocabShard):
         if self.quant is not None:
             local = self.quant.apply(self, hidden, None)
         else:
-            local = F.linear(hidden, self.weight)
+            local = host_linear(hidden, self.weight)
         return self.tp.all_gather_last(local)[:, : self.vocab_size]

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from weft.kernels import gguf as kgguf
+from weft.kernels.host_linear import host_linear
 from weft.runtime.models.layers import Projection
 from weft.runtime.models.quant import QuantContext
 from weft.runtime.models.quant.base import (
@@ -118,7 +119,7 @@ class GGUFLinear(QuantEmbeddingMethod):
              out: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
         """x @ part^T (+ bias), into `out` (a column slice) when given."""
         if not part.quantized:
-            y = nn.functional.linear(x, w, bias)
+            y = host_linear(x, w, bias)
         elif x.device.type == "cuda" and x.shape[0] <= _gemv_rows():
             from weft.kernels.gguf_gemv import matmul
 
