@@ -15,7 +15,12 @@ from weft.runtime.config import EngineConfig
 from weft.runtime.loader import gguf_path, iterate_weight_slices, read_hf_config, resolve_model_path
 from weft.runtime.loader.fp8_checkpoint import refuse_quantized_checkpoint
 from weft.runtime.loader.gguf_tensors import iterate_gguf
-from weft.runtime.models import LlamaForCausalLM, build_model, init_dummy_weights
+from weft.runtime.models import (
+    LlamaForCausalLM,
+    build_model,
+    check_quantization,
+    init_dummy_weights,
+)
 from weft.runtime.models.quant import QuantContext, make_quant_config
 
 logger = logging.getLogger(__name__)
@@ -85,6 +90,7 @@ def load_draft(
     quant_name = cfg.resolved_quantization
     kept_gguf = quant_name == "gguf" and not dummy
     checkpoint = gguf_path(draft_path) if kept_gguf else folder
+    check_quantization(hf_config, quant_name)
     if not dummy and quant_name is None:
         refuse_quantized_checkpoint(hf_config)
     quant = make_quant_config(quant_name, QuantContext(hf_config, checkpoint, dtype, dummy))

@@ -27,7 +27,7 @@ from weft.runtime.executor.transfer import to_device
 from weft.runtime.loader import gguf_path, iterate_weight_slices
 from weft.runtime.loader.fp8_checkpoint import refuse_quantized_checkpoint
 from weft.runtime.loader.gguf_tensors import iterate_gguf
-from weft.runtime.models import build_model, init_dummy_weights
+from weft.runtime.models import build_model, check_quantization, init_dummy_weights
 from weft.runtime.models.llama import LlamaDecoderLayer, head_dim_of, sliding_window_of
 from weft.runtime.models.quant import QuantContext, make_quant_config
 
@@ -65,6 +65,7 @@ class ModelRunner:
         dummy = config.load_format == "dummy"
         kept_gguf = config.resolved_quantization == "gguf" and not dummy
         checkpoint = gguf_path(config.model) if kept_gguf else model_path
+        check_quantization(hf_config, config.resolved_quantization)  # before reading anything
         if not dummy and config.resolved_quantization is None:
             refuse_quantized_checkpoint(hf_config)
         quant = make_quant_config(

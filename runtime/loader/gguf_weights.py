@@ -45,7 +45,14 @@ _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
 def check_supported(header: GGUFHeader) -> None:
-    """Raise ValueError if we cannot convert this file's architecture."""
+    """Raise ValueError if we cannot convert this file's architecture (nor any MoE one)."""
+    experts = header.arch_value("expert_count", 0) or 0
+    if int(experts) > 0 or header.architecture.endswith("moe"):
+        raise ValueError(
+            f"{header.path}: a mixture-of-experts GGUF ({header.architecture!r}, {experts} "
+            "experts) is not supported: weft reads no GGUF expert tensors; pass the model's "
+            "HF-format folder instead (Qwen3-MoE and Mixtral load from safetensors)"
+        )
     if header.architecture not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
             f"{header.path}: GGUF architecture {header.architecture!r} is not supported; "

@@ -6,34 +6,47 @@ from typing import Any
 
 import torch
 
+from weft.runtime.models import llama, moe
+from weft.runtime.models.family import ModelFamily, family_of, supported_architectures
 from weft.runtime.models.layers import Projection, RotaryEmbedding
 from weft.runtime.models.llama import LlamaForCausalLM
 from weft.runtime.models.parallel import ParallelLMHead, TPInfo, VocabParallelEmbedding, check_tp
 from weft.runtime.models.quant import QuantConfig, QuantEmbeddingMethod, attach
 from weft.runtime.models.weights import dummy_weights
 
-# architecture name in config.json -> (model class, model_type values it covers)
-_ARCHITECTURES: dict[str, type[LlamaForCausalLM]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "Qwen3ForCausalLM": LlamaForCausalLM,
-}
-_MODEL_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+# every family weft serves; adding one is its module (declaring a ModelFamily) plus a line here
+FAMILIES: tuple[ModelFamily, ...] = (
+    llama.FAMILY,
+    moe.QWEN3_MOE_FAMILY,
+    moe.MIXTRAL_FAMILY,
+)
+
+
+def model_family(config: Any) -> ModelFamily:
+    """The family serving this HF config; ValueError listing the supported architectures."""
+    return family_of(config, FAMILIES)
 
 
 def model_class(config: Any) -> type[LlamaForCausalLM]:
-    archs = list(getattr(config, "architectures", None) or [])
-    for arch in archs:
-        if arch in _ARCHITECTURES:
-            if config.model_type not in _MODEL_TYPES:
-                break
-            return _ARCHITECTURES[arch]
-    if not archs and config.model_type in _MODEL_TYPES:
-        return LlamaForCausalLM
+    return model_family(config).model_class
+
+
+def architectures() -> dict[str, str]:
+    """Every supported config.json architecture -> the name of the family serving it."""
+    return supported_architectures(FAMILIES)
+
+
+def check_quantization(config: Any, quantization: str | None) -> None:
+    """ValueError naming the model and what it lacks when its family cannot load `quantization`
+    (EngineConfig.resolved_quantization; None: full precision, always fine)."""
+    family = model_family(config)
+    if quantization is None or family.quantizable:
+        return
+    arch = (getattr(config, "architectures", None) or [config.model_type])[0]
+    lacks = "quantized experts" if issubclass(family.model_class, moe.MoeForCausalLM) else "it"
     raise ValueError(
-        f"unsupported model: architectures={archs}, model_type={config.model_type!r}; "
-        f"supported: {', '.join(sorted(_ARCHITECTURES))}"
+        f"{arch} ({family.name}) cannot load with quantization={quantization!r}: weft has no "
+        f"{quantization} path for {lacks}; load it in full precision (bf16/fp16/fp32)"
     )
 
 
@@ -48,6 +61,7 @@ def build_model(
     """Create the model (this rank's shard of it) with uninitialised weights directly on `device`
     in `dtype`; with `quant`, the layers it names hold their method's storage instead (made on
     `meta` first like everything else, so no full-precision copy of them ever exists)."""
+    check_quantization(config, quant.name if quant is not None else None)
     cls = model_class(config)
     tp = tp or TPInfo()
     check_tp(config, tp.size)
@@ -121,9 +135,14 @@ def _tie(head: ParallelLMHead, embed: VocabParallelEmbedding) -> None:
 
 
 __all__ = [
+    "FAMILIES",
     "LlamaForCausalLM",
+    "ModelFamily",
+    "architectures",
     "TPInfo",
     "build_model",
+    "check_quantization",
     "init_dummy_weights",
     "model_class",
+    "model_family",
 ]

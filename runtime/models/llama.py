@@ -10,6 +10,7 @@ from torch import nn
 
 from weft.runtime.executor.attention.base import AttentionBackend
 from weft.runtime.executor.batch import ForwardBatch
+from weft.runtime.models.family import ModelFamily
 from weft.runtime.models.layers import (
     GemvPlan,
     Projection,
@@ -48,7 +49,7 @@ class LlamaAttention(nn.Module):
         bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
         self.qkv_proj = Projection(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
         self.o_proj = Projection(self.q_size, config.hidden_size)
-        self.qk_norm = config.model_type == "qwen3"
+        self.qk_norm = config.model_type in ("qwen3", "qwen3_moe")
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -108,10 +109,20 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer: int, max_positions: int, tp: TPInfo) -> None:
+    """Attention then the MLP: `mlp` is LlamaMLP unless the model passes another block taking
+    (x, gemv) (an MoE model's sparse block)."""
+
+    def __init__(
+        self,
+        config: Any,
+        layer: int,
+        max_positions: int,
+        tp: TPInfo,
+        mlp: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, layer, max_positions, tp)
-        self.mlp = LlamaMLP(config, tp)
+        self.mlp = mlp if mlp is not None else LlamaMLP(config, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -146,13 +157,19 @@ class LlamaForCausalLM(nn.Module):
         self.vocab_size = config.vocab_size
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, max_positions, tp) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, max_positions, tp, self.make_mlp(config, i, tp))
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    def make_mlp(self, config: Any, layer: int, tp: TPInfo) -> nn.Module:
+        """Layer `layer`'s MLP block (called while the layers are built, before anything else
+        of a subclass exists): the dense SwiGLU here."""
+        return LlamaMLP(config, tp)
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Hidden states after the final norm: [T, hidden]."""
@@ -197,8 +214,10 @@ class LlamaForCausalLM(nn.Module):
     def _placement(self, name: str, shard: str, shape: tuple[int, ...]) -> Placement:
         layer = self.layers[0]
         assert isinstance(layer, LlamaDecoderLayer)
-        attn, mlp, d = layer.self_attn, layer.mlp, layer.self_attn.head_dim
+        attn, d = layer.self_attn, layer.self_attn.head_dim
         hidden = self.config.hidden_size
+        # the dense MLPs' columns (as LlamaMLP splits them; an MoE layer's mlp has none)
+        mlp_start, mlp_inter = even_split(self.config.intermediate_size, self.tp.size, self.tp.rank)
         heads, kv_heads = self.config.num_attention_heads, num_kv_heads_of(self.config)
         h = attn.shard
         suffix = name.rsplit(".", 1)[-1]
@@ -211,12 +230,12 @@ class LlamaForCausalLM(nn.Module):
             return Placement((kv_heads * d, *cols), 0, h.kv_start * d, kv, offset)
         if "gate_up_proj" in name:
             full = self.config.intermediate_size
-            dst = 0 if shard == "gate" else mlp.inter
-            return Placement((full, hidden), 0, mlp.start, mlp.inter, dst)
+            dst = 0 if shard == "gate" else mlp_inter
+            return Placement((full, hidden), 0, mlp_start, mlp_inter, dst)
         if name.endswith("o_proj.weight"):
             return Placement((hidden, heads * d), 1, h.q_start * d, h.q_count * d)
         if name.endswith("down_proj.weight"):
-            return Placement((hidden, self.config.intermediate_size), 1, mlp.start, mlp.inter)
+            return Placement((hidden, self.config.intermediate_size), 1, mlp_start, mlp_inter)
         if name in ("embed_tokens.weight", "lm_head.weight"):
             emb = self.embed_tokens
             return Placement((self.vocab_size, hidden), 0, emb.start, emb.count)
@@ -260,6 +279,14 @@ class LlamaForCausalLM(nn.Module):
         return out
 
 
+FAMILY = ModelFamily(
+    "Llama",
+    LlamaForCausalLM,
+    ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"),
+    ("llama", "mistral", "qwen2", "qwen3"),
+)
+
+
 def num_kv_heads_of(config: Any) -> int:
     return int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
 
@@ -271,9 +298,10 @@ def head_dim_of(config: Any) -> int:
 
 
 def sliding_window_of(config: Any) -> int | None:
-    """Mistral's sliding window; Qwen's per-layer windows are refused rather than ignored."""
+    """Mistral's (and Mixtral's) sliding window; Qwen's per-layer windows are refused rather
+    than ignored."""
     window = getattr(config, "sliding_window", None)
-    if config.model_type == "mistral":
+    if config.model_type in ("mistral", "mixtral"):
         return int(window) if window else None
     if getattr(config, "use_sliding_window", False):
         raise ValueError(f"{config.model_type} with use_sliding_window=true is not supported")

@@ -132,11 +132,13 @@ def test_checkpoint_tensors_route_to_the_method_per_shard() -> None:
     ):
         width = weight_shape(layer)[1]
         xi = torch.randn(3, width) if width != 32 else x
-        torch.testing.assert_close(layer(xi), ref_layer(xi), msg=name)
+        # float32 summed in another order (the reference runs its 3 rows as W @ x^T), outputs ~1e3
+        torch.testing.assert_close(layer(xi), ref_layer(xi), rtol=1e-5, atol=1e-3, msg=name)
         if layer.gated:  # the down projection, as the MLP calls it
             gate_up = torch.randn(3, 2 * width)
             torch.testing.assert_close(layer.forward_gated(gate_up, silu_and_mul),
-                                       ref_layer.forward_gated(gate_up, silu_and_mul))  # fmt: skip
+                                       ref_layer.forward_gated(gate_up, silu_and_mul),
+                                       rtol=1e-5, atol=1e-3)  # fmt: skip
 
 
 def test_missing_and_unknown_quantized_tensors_are_named() -> None:
