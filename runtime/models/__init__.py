@@ -28,7 +28,9 @@ def model_family(config: Any) -> ModelFamily:
 
 
 def model_class(config: Any) -> type[LlamaForCausalLM]:
-    return model_family(config).model_class
+    cls = model_family(config).model_class
+    assert issubclass(cls, LlamaForCausalLM), f"{cls.__name__} is not a LlamaForCausalLM"
+    return cls
 
 
 def architectures() -> dict[str, str]:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from weft.runtime.models.llama import LlamaForCausalLM
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -18,7 +17,7 @@ class ModelFamily:
     model takes a QuantConfig (any EngineConfig.quantization; False: full precision only)."""
 
     name: str
-    model_class: type[LlamaForCausalLM]
+    model_class: type[nn.Module]  # (runtime/models/__init__.py's model_class narrows it)
     architectures: tuple[str, ...]
     model_types: tuple[str, ...]
     quantizable: bool = True
