@@ -11,6 +11,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -33,9 +34,8 @@ def shapes(config: Path) -> dict[str, tuple[int, int]]:
             "lm_head": (c["vocab_size"], h)}  # fmt: skip
 
 
-def ms(fn: object, reps: int) -> float:
+def ms(fn: Callable[[], object], reps: int) -> float:
     """Median milliseconds of `reps` calls after two."""
-    assert callable(fn)
     for _ in range(2):
         fn()
     times = []

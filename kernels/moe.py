@@ -8,7 +8,6 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 from .common import INDEX_DTYPES, check_tensor
 
@@ -134,13 +133,8 @@ def fused_moe(
     )
     weights = topk_weights.reshape(-1)  # [T*K] in pair order
     m_blocks = align.block_expert.numel()
-    # Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) gets bfloat16 dots wrong: there the
-    # operands are upcast to float32, exactly (each product is the same; only the order of the
-    # float32 sums may differ). Compiled kernels dot bfloat16 tiles on tensor cores.
-    upcast = x.dtype == torch.bfloat16 and isinstance(_gate_up_kernel, InterpretedFunction)
     common = {"BLOCK_M": launch.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k,
-              "DOT_PRECISION": "ieee" if x.dtype == torch.float32 or upcast else "tf32",
-        "UPCAST": upcast,
+              "DOT_PRECISION": "ieee" if x.dtype == torch.float32 else "tf32",
               "num_warps": launch.num_warps, "num_stages": launch.num_stages}  # fmt: skip
     _gate_up_kernel[(m_blocks * triton.cdiv(inter, launch.block_n),)](
         x, w13, act, align.sorted_ids, align.block_expert, align.padded,
@@ -156,13 +150,6 @@ def fused_moe(
 
 
 ##### Internal Helper Functions #####
-
-
-@triton.jit
-def _dot(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):  # type: ignore[no-untyped-def]
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PRECISION)
-    return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
 @triton.jit
@@ -191,7 +178,6 @@ def _gate_up_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,  # dot float32 copies of the tiles (the interpreter's bfloat16)
 ):
     n_tiles = tl.cdiv(inter, BLOCK_N)
     pid_m = tl.program_id(0) // n_tiles
@@ -214,8 +200,8 @@ def _gate_up_kernel(  # type: ignore[no-untyped-def]
         w_mask = k_mask[:, None] & n_mask[None, :]
         wg = tl.load(g_ptrs, mask=w_mask, other=0.0)
         wu = tl.load(u_ptrs, mask=w_mask, other=0.0)
-        gate = _dot(a, wg, gate, DOT_PRECISION, UPCAST)
-        up = _dot(a, wu, up, DOT_PRECISION, UPCAST)
+        gate = tl.dot(a, wg, gate, input_precision=DOT_PRECISION)
+        up = tl.dot(a, wu, up, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
@@ -242,7 +228,6 @@ def _down_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,  # dot float32 copies of the tiles (the interpreter's bfloat16)
 ):
     n_tiles = tl.cdiv(hidden, BLOCK_N)
     pid_m = tl.program_id(0) // n_tiles
@@ -261,7 +246,7 @@ def _down_kernel(  # type: ignore[no-untyped-def]
         k_mask = offs_k < inter - k0
         a = tl.load(a_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-        acc = _dot(a, w, acc, DOT_PRECISION, UPCAST)
+        acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     acc *= tl.load(Weights + rows, mask=m_mask, other=0.0).to(tl.float32)[:, None]

@@ -81,9 +81,10 @@ class ForwardBatch:
 
     def as_decode_rows(self, token_rows: torch.Tensor | None = None) -> ForwardBatch:
         """This extend batch as decode rows, one per token (`token_rows`: each token's table
-        row, when the caller has them already): a token attends to its request's KV up to its own position, the same keys as in
-        the extend (every token's K and V are stored before attention reads them), so a decode
-        CUDA graph can replay it. The hidden rows keep the extend's order."""
+        row, when the caller has them already): a token attends to its request's KV up to its
+        own position, the same keys as in the extend (every token's K and V are stored before
+        attention reads them), so a decode CUDA graph can replay it. The hidden rows keep the
+        extend's order."""
         seq_cpu = [p + 1 for s, n in zip(self.seq_lens_cpu, self.extend_lens_cpu, strict=True)
                    for p in range(s - n, s)]  # fmt: skip
         if token_rows is None:

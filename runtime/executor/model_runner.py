@@ -294,15 +294,8 @@ class ModelRunner:
         # one host-to-device copy for all of it (it does not wait for the step before)
         rows = [r.row for r in batch.reqs]
         assert all(r is not None for r in rows), "a request without its table row"
-        parts: list[list[Any]] = [
-            ids,
-            positions,
-            rows,
-            seq_lens,
-            list(batch.extend_lens),
-            future_at,
-            future_row,
-        ]
+        ext = list(batch.extend_lens)
+        parts: list[list[Any]] = [ids, positions, rows, seq_lens, ext, future_at, future_row]
         flat = to_device([x for part in parts for x in part], torch.int64, self.device)
         cut = list(itertools.accumulate(map(len, parts), initial=0))
         input_ids, pos, req_rows, seq_t, ext_t, at_t, row_t = (
@@ -322,7 +315,7 @@ class ModelRunner:
             seq_lens=seq_t,
             extend_lens=ext_t,
             seq_lens_cpu=seq_lens,
-            extend_lens_cpu=list(batch.extend_lens),
+            extend_lens_cpu=ext,
             shared=(
                 self.plans.plan(batch.reqs)
                 if self.plan_shared and batch.mode == ForwardMode.DECODE

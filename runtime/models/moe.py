@@ -15,7 +15,7 @@ from weft.runtime.models.family import ModelFamily
 from weft.runtime.models.layers import GemvPlan
 from weft.runtime.models.llama import LlamaForCausalLM, LlamaMLP
 from weft.runtime.models.parallel import TPInfo, even_split
-from weft.runtime.models.weights import Weight
+from weft.runtime.models.weights import Placement, Weight, read_placed
 
 # model.layers.{i}.{mlp | block_sparse_moe}.{rest}: a sparse layer's router and experts
 _MOE_NAME = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.(.+)")
@@ -231,15 +231,7 @@ def _copy(
     dst: torch.Tensor,
 ) -> None:
     """dst <- src's elements [start, start + size) along dim, after checking src's shape."""
-    if tuple(src.shape) != full_shape:
-        raise ValueError(
-            f"checkpoint tensor {hf_name!r} has shape {tuple(src.shape)}, expected {full_shape}"
-        )
-    data = (
-        src.narrow(dim, start, size)
-        if isinstance(src, torch.Tensor)
-        else src.read(dim, start, size)
-    )
+    data = read_placed(hf_name, src, Placement(full_shape, dim, start, size))
     with torch.no_grad():
         dst.copy_(data)
 

@@ -67,6 +67,12 @@ def checkpoint_names(name: str) -> list[tuple[str, str]]:
     return [(name.replace(fused, hf), shard) for fused, shard, hf in parts]
 
 
+def read_placed(hf_name: str, src: Weight, place: Placement) -> torch.Tensor:
+    """The slice of checkpoint tensor `src` that `place` names, after checking its full shape."""
+    _check_shape(hf_name, src, place)
+    return _read(src, place)
+
+
 def _read(src: Weight, place: Placement) -> torch.Tensor:
     if place.dim < 0:
         return src if isinstance(src, torch.Tensor) else src.read(-1, 0, 0)
@@ -113,8 +119,7 @@ def load_weights(
             raise ValueError(f"checkpoint tensor {hf_name!r} has no place in this model")
         param = params[name]
         p = place(name, shard, tuple(param.shape))
-        _check_shape(hf_name, src, p)
-        data = _read(src, p)
+        data = read_placed(hf_name, src, p)
         with torch.no_grad():
             dst = param.narrow(0, p.dst_start, data.shape[0])
             if dst.shape != data.shape:
