@@ -1,16 +1,24 @@
 """`kernel.py decode`: the paged decode kernel on a bf16 or fp8 (e4m3) pool against the copy
-ceiling, next to FlashInfer's decode; its split counts and launches swept."""
+ceiling, next to FlashInfer's decode; its split counts and launches swept; and a sliding window
+against the whole context (`python benchmarks/kernel_decode.py --window 512 1024`)."""
 
 from __future__ import annotations
 
+import argparse
+import sys
+from typing import Any
+
 import torch
 from kernel_util import (
+    DEV,
     decode_bytes,
     decode_call,
     decode_setup,
     decode_splits,
     flashinfer_decode_ms,
     graph_ms,
+    num_sms,
+    random_pool,
     share,
     sweep_launches,
     time_ms,
@@ -87,3 +95,79 @@ def bench_launches(ceiling: float, fp8: bool, batches: list[int], kv_len: int) -
         best = ", ".join(f"{nbytes / ms / 1e6 / ceiling:.0%} ({s} splits, {bn} keys, {w} warps, "
                          f"{st} stages)" for ms, s, bn, w, st in results[:3])  # fmt: skip
         print(f"  B={bsz:<4} runtime {share(nbytes, default, ceiling)} | best: {best}")
+
+
+##### Sliding windows #####
+
+# (name, q heads, kv heads, head dim): Gemma 3 270M's attention, and Llama-3.1-8B's
+WINDOW_SHAPES = [("gemma3-270m", 4, 1, 256), ("llama3.1-8b", 32, 8, 128)]
+
+
+def window_setup(bsz: int, kv_len: int, heads: int, kv_heads: int, dim: int,
+                 kv_dtype: torch.dtype) -> dict[str, Any]:  # fmt: skip
+    """decode_attention's tensors (decode_setup's keys) at another attention shape."""
+    k_buffer, v_buffer, table, rows = random_pool([kv_len] * bsz, 16, kv_heads, dim,
+                                                  torch.bfloat16)  # fmt: skip
+    return {
+        "q": torch.randn(bsz, heads, dim, dtype=torch.bfloat16, device=DEV),
+        "k_buffer": k_buffer.to(kv_dtype),
+        "v_buffer": v_buffer.to(kv_dtype),
+        "req_to_token": table,
+        "req_rows": rows,
+        "seq_lens": torch.full((bsz,), kv_len, dtype=torch.int64, device=DEV),
+        "out": torch.empty(bsz, heads, dim, dtype=torch.bfloat16, device=DEV),
+        "scale": dim**-0.5,
+    }
+
+
+def bench_window(
+    ceiling: float, fp8: bool, batches: list[int], kv_len: int, windows: list[int]
+) -> None:
+    """Decode at kv_len with each window against the whole context, inside a CUDA graph, at the
+    runtime's split counts (the window's: fitted to min(window, kv_len)). GB/s counts the keys
+    each launch must read: the window's."""
+    from weft.kernels.splits import decode_num_kv_splits
+
+    dtype, kv_bytes, name = pool(fp8)
+    for shape, heads, kv_heads, dim in WINDOW_SHAPES:
+        print(f"\ndecode attention in a CUDA graph, {name} pool, kv {kv_len}, {shape} ({heads} q / "
+              f"{kv_heads} kv heads, d={dim}), page 16: whole context | each window")  # fmt: skip
+        for bsz in batches:
+            args = window_setup(bsz, kv_len, heads, kv_heads, dim, dtype)
+            cells = []
+            for window in [None, *windows]:
+                keys = kv_len if window is None else min(window, kv_len)
+                splits = decode_num_kv_splits(bsz, kv_heads, keys, num_sms(), fp8=fp8)
+                kv = 2 * bsz * keys * kv_heads * dim * kv_bytes
+                nbytes = kv + bsz * keys * 8 + 2 * bsz * heads * dim * 2
+                ms = graph_ms([decode_call(args, splits, window=window)])
+                label = "all" if window is None else f"w {window}"
+                cells.append(f"{label} ({splits} splits) {share(nbytes, ms, ceiling)}")
+            print(f"  B={bsz:<4} " + " | ".join(cells))
+            del args
+            torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The window benchmark on its own (kernel.py's other decode benchmarks take no window)."""
+    from bench_utils import device_name, local_copy_bandwidth
+
+    ap = argparse.ArgumentParser(description="decode with a sliding window vs the whole context")
+    ap.add_argument("--window", type=int, nargs="+", default=[512, 1024], help="window sizes")
+    ap.add_argument("--kv-len", type=int, default=8192, help="tokens per request")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--fp8", action="store_true", help="an fp8 (e4m3) pool")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/kernel_decode.py needs CUDA", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    ceiling = local_copy_bandwidth() / 1e9
+    print(f"{device_name()}, torch {torch.__version__}")
+    print(f"device-to-device copy: {ceiling:,.0f} GB/s (read + write)", flush=True)
+    bench_window(ceiling, args.fp8, args.batches, args.kv_len, args.window)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

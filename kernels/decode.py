@@ -1,5 +1,6 @@
 """Paged decode attention with split-KV (FlashDecoding), GQA-aware: one program per kv-head group;
-a KV prefix shared by several requests (SharedPrefix) is read once per block of them (cascade)."""
+a KV prefix shared by several requests (SharedPrefix) is read once per block of them (cascade);
+a sliding window walks (and splits) only the window's keys."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     Prefetch,  # uint8 (when PREFETCH): bytes the programs ask the L2 for, the next kernel's
     prefetch_bytes,
     qk_scale,  # softmax scale * log2(e)
+    window,  # (when HAS_WINDOW) the query at seq_len - 1 sees keys [seq_len - window, seq_len)
     num_splits,
     num_prefix_splits,  # columns col0.. hold the shared prefix's splits (DIRECT, HAS_KV_STARTS)
     col0,
@@ -85,6 +87,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     DOT_PRECISION: tl.constexpr,
     FP16_DOTS: tl.constexpr,
     HAS_KV_STARTS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,  # (not with HAS_KV_STARTS) the walk starts at the window's start
     V_STAGED: tl.constexpr,
     DIRECT: tl.constexpr,  # one split: merge the prefix's columns (if any) here and write Out
     SUM_HERE: tl.constexpr,  # (not DIRECT, nor HAS_KV_STARTS) the last split to arrive merges
@@ -98,9 +101,11 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     split = tl.program_id(2)
     row = tl.load(Req_rows + b).to(tl.int64)
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
-    kv_start = 0
+    kv_start = 0  # the first key of this request's own walk: its splits divide [kv_start, seq_len)
     if HAS_KV_STARTS:
         kv_start = tl.load(Kv_starts + b).to(tl.int32)
+    if HAS_WINDOW:  # NOTE: keys before the window are never read, not just masked
+        kv_start = tl.maximum(seq_len - window, 0)
     start, end, _ = _split_range(seq_len - kv_start, num_splits, split, BLOCK_N)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -116,7 +121,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
         freq = Cos_sin + tl.load(Positions + b).to(tl.int64) * stride_c + offs_d % (D // 2)
         cos = tl.load(freq, mask=d_mask, other=0.0)
         sin = tl.load(freq + D // 2, mask=d_mask, other=0.0)
-        if end == seq_len and end > start:  # this split walks the new key: store it first
+        if kv_start + end == seq_len and end > start:  # this split walks the new key: store it
             slot = tl.load(Loc + b).to(tl.int64)
             k_ptrs = K_new + b * stride_knb + kvh * stride_knh + offs_d
             k_new = _rope_neox(k_ptrs, offs_d, d_mask, cos, sin, D // 2).to(Q.dtype.element_ty)
@@ -199,6 +204,10 @@ class DecodePlan:
     - `l2_prefetch` (CUDA; ignored by the interpreter): after their walk the programs ask the L2
       for those bytes, each its share, for the kernel that runs next (a small decode leaves HBM
       mostly idle; the o_proj weight is the next kernel's read).
+    - `window` (not with `shared`): a sliding window of that many keys (>= 1), HF's convention:
+      request b's query (position seq_lens[b] - 1) sees only keys at positions >= seq_lens[b] -
+      window. Its walk starts at the window's first key: keys before it are never read, and the
+      splits divide the window (a split count fitted to min(window, context) fills the SMs).
     - `block_n`, `num_warps`, `num_stages` override the per-request kernel's launch (SharedPrefix
       carries the prefix kernel's); `fp8_v_staged` (an fp8 pool under a 16-bit q; CUDA only, the
       default there) converts V tiles before their layout change (`_attend`); False sinks the
@@ -215,6 +224,7 @@ class DecodePlan:
     num_warps: int | None = None
     num_stages: int | None = None
     fp8_v_staged: bool | None = None
+    window: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_kv_splits < 1:
@@ -223,6 +233,12 @@ class DecodePlan:
             raise ValueError("DecodePlan: kv_starts and shared go together (both or neither)")
         if self.rope is not None and self.shared is not None:
             raise ValueError("DecodePlan: rope cannot go with shared (the prefix kernel reads q)")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"DecodePlan: window must be None or >= 1, got {self.window}")
+        if self.window is not None and self.shared is not None:
+            # NOTE: a member's window starts at its own length, so one walk of the prefix for the
+            # whole block cannot serve it: a windowed layer decodes without the grouping
+            raise ValueError("DecodePlan: window cannot go with shared (a windowed layer is alone)")
         if self.block_n is not None and self.block_n < 16:
             raise ValueError(f"DecodePlan: block_n must be >= 16, got {self.block_n}")
 
@@ -238,7 +254,8 @@ def decode_attention(
     scale: float,
     plan: DecodePlan,
 ) -> torch.Tensor:
-    """Attention of each request's one query over its whole paged KV; returns `out`.
+    """Attention of each request's one query over its whole paged KV (with `plan.window`, its
+    last min(window, seq_lens[b]) keys); returns `out`.
 
     Request b's keys are the slots req_to_token[req_rows[b], :seq_lens[b]] (with `plan.shared`,
     from kv_starts[b] on); q head h reads kv head h // (H / Hkv). A program serves one (request,
@@ -264,6 +281,7 @@ def decode_attention(
     assert heads % num_kv_heads == 0, f"{heads} q heads do not group over {num_kv_heads} kv heads"
     fp32 = q.dtype == torch.float32
     splits, shared, kv_starts, rope = plan.num_kv_splits, plan.shared, plan.kv_starts, plan.rope
+    window = 0 if plan.window is None else plan.window  # NOTE: 0 is not read (no HAS_WINDOW)
     v_staged = fp8_v_staging(q, k_buffer) if plan.fp8_v_staged is None else plan.fp8_v_staged
     if v_staged and not fp8_v_staging(q, k_buffer):
         raise ValueError("decode_attention: fp8_v_staged needs an fp8 pool, a 16-bit q, CUDA")
@@ -330,8 +348,8 @@ def decode_attention(
     _decode_split_kernel[(bsz, num_kv_heads, splits)](
         q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, starts, part_o, part_lse, out,
         positions, cos_sin, k_new, v_new, loc, seq_lens if counters is None else counters,
-        prefetch_base, prefetch_base.numel(), scale * LOG2E, splits, max(prefix_splits, 1),
-        splits,
+        prefetch_base, prefetch_base.numel(), scale * LOG2E, window, splits,
+        max(prefix_splits, 1), splits,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
         part_o.stride(0), part_o.stride(1), part_o.stride(2) if part_o.dim() == 4 else 0,
@@ -339,9 +357,9 @@ def decode_attention(
         k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         G=group, D=dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
-        FP16_DOTS=fp16_dots(q, k_buffer), HAS_KV_STARTS=kv_starts is not None, V_STAGED=v_staged,
-        DIRECT=direct, SUM_HERE=counters is not None,
-        BLOCK_S=triton.next_power_of_2(splits), ROPE=rope is not None,
+        FP16_DOTS=fp16_dots(q, k_buffer), HAS_KV_STARTS=kv_starts is not None,
+        HAS_WINDOW=plan.window is not None, V_STAGED=v_staged, DIRECT=direct,
+        SUM_HERE=counters is not None, BLOCK_S=triton.next_power_of_2(splits), ROPE=rope is not None,
         SATURATE=FP8_MAX if rope is not None and k_buffer.dtype == FP8_KV else 0.0,
         PREFETCH=hint is not None,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
@@ -349,11 +367,11 @@ def decode_attention(
     if direct or counters is not None:
         return out
     _decode_reduce_kernel[(bsz, heads)](
-        part_o, part_lse, seq_lens, starts, out, splits, max(prefix_splits, 1), splits,
+        part_o, part_lse, seq_lens, starts, out, window, splits, max(prefix_splits, 1), splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
         D=dim, BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(splits + prefix_splits),
         BLOCK_N=block_n, PREFIX_BLOCK_N=prefix_block_n, HAS_KV_STARTS=kv_starts is not None,
-        num_warps=4 if width * block_d <= 4096 else 8,
+        HAS_WINDOW=plan.window is not None, num_warps=4 if width * block_d <= 4096 else 8,
     )  # fmt: skip
     return out

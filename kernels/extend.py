@@ -1,6 +1,7 @@
 """Extend (prefill) attention: new tokens attend to their cached prefix in the pool, then causally to
-each other; ragged batches, any page size, GQA (packed: a kv head's q heads in one program).
-Over an fp8 pool the new tokens' K/V are read back from the pool too (quantized, as decode sees them)."""
+each other (within a sliding window, if any); ragged batches, any page size, GQA (packed: a kv
+head's q heads in one program). Over an fp8 pool the new tokens' K/V are read back from the pool
+too (quantized, as decode sees them)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
     Work,  # [W, 2] int32 (request, query block) per program (when HAS_WORK)
     Out,  # [T, H, D]
     qk_scale,  # softmax scale * log2(e)
+    window,  # (when HAS_WINDOW) the query at position p sees keys at positions > p - window
     stride_qt,
     stride_qh,
     stride_kt,
@@ -52,6 +54,7 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
     HAS_WORK: tl.constexpr,  # a 1-D grid over (Work item, head group); else (B, H / PACK, blocks)
     HEAD_GROUPS: tl.constexpr,  # H / PACK
     NEW_FROM_POOL: tl.constexpr,  # the new tokens' K/V read from the pool (an fp8 pool), not K/V
+    HAS_WINDOW: tl.constexpr,
 ):
     # One program: q heads hp*PACK .. hp*PACK+PACK-1 (kv head kvh's when packed) over
     # BLOCK_T = BLOCK_M // PACK new tokens of request b; each K/V tile is loaded once for them all.
@@ -60,6 +63,8 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
     #   keys of request b:  [ prefix (pool, via req_to_token) | new 0 .. ext-1 (K/V; the pool's
     #                                                             slots prefix+0.. if NEW_FROM_POOL) ]
     #   new token i (i < ext):   sees all prefix keys              sees new keys 0..i
+    #   with HAS_WINDOW, only keys at positions > prefix + i - window: each stage's walk starts at
+    #   the window of the program's first token (keys before it are never read), and masks per row
     if HAS_WORK:
         w = tl.program_id(0) // HEAD_GROUPS
         hp = tl.program_id(0) % HEAD_GROUPS
@@ -96,7 +101,13 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
         q1 = q
         if FP16_DOTS:
             q1 = q.to(tl.float16)
-        for n0 in range(0, prefix, BLOCK_N):
+        # the first key each row may see, as a position (the prefix's keys are 0..prefix-1)
+        lowest = tl.zeros([BLOCK_M], tl.int32)
+        lo = 0
+        if HAS_WINDOW:
+            lowest = prefix + tok - window + 1  # [M]
+            lo = tl.maximum(prefix + m_blk * BLOCK_T - window + 1, 0)
+        for n0 in range(lo, prefix, BLOCK_N):
             n = n0 + offs_n
             n_mask = n < prefix
             kv_mask = n_mask[:, None] & d_mask[None, :]
@@ -104,10 +115,16 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
             k_ptrs = K_buf + slot[:, None] * stride_kbt + kvh * stride_kbh + offs_d[None, :]
             k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q1.dtype)  # [BLOCK_N, BLOCK_D]
             s = tl.dot(q1, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N]
-            s = tl.where(n_mask[None, :], s, float("-inf"))
+            seen = n_mask[None, :]
+            if HAS_WINDOW:
+                seen = seen & (n[None, :] >= lowest[:, None])
+            s = tl.where(seen, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
+            m_ref = m_new
+            if HAS_WINDOW:  # a row may see no key of this tile, nor any before it
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_ref)
+            p = tl.exp2(s - m_ref[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v_ptrs = V_buf + slot[:, None] * stride_vbt + kvh * stride_vbh + offs_d[None, :]
             v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
@@ -125,7 +142,10 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
         q2 = q
         if NEW_FROM_POOL:
             q2 = q1
-        for n0 in range(0, end, BLOCK_N):
+        lo = 0
+        if HAS_WINDOW:
+            lo = tl.maximum(m_blk * BLOCK_T - window + 1, 0)
+        for n0 in range(lo, end, BLOCK_N):
             n = n0 + offs_n
             n_mask = n < end
             kv_mask = n_mask[:, None] & d_mask[None, :]
@@ -140,10 +160,16 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
                 v_ptrs = V + (first + n)[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :]
                 k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
             s = tl.dot(q2, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-            s = tl.where(n_mask[None, :] & (n[None, :] <= tok[:, None]), s, float("-inf"))
+            seen = n_mask[None, :] & (n[None, :] <= tok[:, None])
+            if HAS_WINDOW:
+                seen = seen & (prefix + n[None, :] >= lowest[:, None])
+            s = tl.where(seen, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
+            m_ref = m_new
+            if HAS_WINDOW:
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_ref)
+            p = tl.exp2(s - m_ref[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
             if NEW_FROM_POOL:
@@ -177,12 +203,15 @@ def extend_attention(
     num_warps: int | None = None,
     pack_gqa: bool = False,
     work: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens over prefix + new tokens; returns `out`.
 
     Request b's new tokens are rows extend_start_loc[b] + [0, extend_lens[b]) of q/k/v/out; its
     prefix keys are the slots req_to_token[req_rows[b], :prefix_lens[b]]. New token i (position
     prefix + i) sees the whole prefix and new tokens 0..i. q head h reads kv head h // (H / Hkv).
+    A sliding `window` (>= 1; HF's convention) keeps only the keys at positions > prefix + i -
+    window; a query block's walk starts at its first token's window (no read before it).
 
     Over an fp8 pool the new tokens' keys and values are read from their slots
     req_to_token[req_rows[b], prefix_lens[b] + i], where the caller has stored them: a token then
@@ -217,6 +246,7 @@ def extend_attention(
         check_tensor(t, name, (bsz,), INDEX_DTYPES, dev)
     check_tensor(out, "out", (tokens, heads, dim), (q.dtype,), dev)
     assert heads % num_kv_heads == 0, f"{heads} q heads do not group over {num_kv_heads} kv heads"
+    assert window is None or window >= 1, f"window must be None or >= 1, got {window}"
     group = heads // num_kv_heads
     fp32 = q.dtype == torch.float32
     # NOTE: float32 tiles are smaller: the fp32 (FMA) dot spills at 32x32 and up on sm_90 (ptxas),
@@ -246,6 +276,7 @@ def extend_attention(
     _extend_kernel[grid](
         q, k, v, k_buffer, v_buffer, req_to_token, req_rows, prefix_lens, extend_lens,
         extend_start_loc, extend_lens if work is None else work, out, scale * LOG2E,
+        0 if window is None else window,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         req_to_token.stride(0), out.stride(0), out.stride(1),
@@ -253,7 +284,7 @@ def extend_attention(
         BLOCK_N=block_n, DOT_PRECISION="ieee" if fp32 else "tf32",
         FP16_DOTS=fp16_dots(q, k_buffer), V_STAGED=fp8_v_staging(q, k_buffer),
         HAS_WORK=work is not None, HEAD_GROUPS=heads // pack,
-        NEW_FROM_POOL=k_buffer.dtype == FP8_KV,
+        NEW_FROM_POOL=k_buffer.dtype == FP8_KV, HAS_WINDOW=window is not None,
         num_warps=num_warps or (8 if block_m * dim >= (32 if fp32 else 128) * 128 else 4),
         num_stages=2,
     )  # fmt: skip

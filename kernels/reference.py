@@ -15,8 +15,10 @@ def decode_attention_ref(
     req_rows: torch.Tensor,  # [B]
     seq_lens: torch.Tensor,  # [B]
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:  # [B, H, D] float32
-    """Each request's one query (its newest token) attends to all of its seq_len keys."""
+    """Each request's one query (its newest token) attends to all of its seq_len keys (with a
+    `window`, to its last min(window, seq_len) keys)."""
     # a decode step is an extend of one token whose K/V already sit in the pool at position seq_len-1
     rows, lens = req_rows.long(), seq_lens.long()
     last = req_to_token[rows, lens - 1].long()  # [B] slot of each request's newest token
@@ -24,7 +26,7 @@ def decode_attention_ref(
     starts = torch.arange(q.shape[0], device=q.device)
     new_k, new_v = k_buffer[last], v_buffer[last]  # [B, Hkv, D]
     pool = (k_buffer, v_buffer, req_to_token, rows)
-    return extend_attention_ref(q, new_k, new_v, *pool, lens - 1, ones, starts, scale)
+    return extend_attention_ref(q, new_k, new_v, *pool, lens - 1, ones, starts, scale, window)
 
 
 def extend_attention_ref(
@@ -39,10 +41,13 @@ def extend_attention_ref(
     extend_lens: torch.Tensor,  # [B] new tokens this step
     extend_start_loc: torch.Tensor,  # [B] first row of each request in q/k/v
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:  # [T, H, D] float32
-    """New query i of request b (position prefix+i) sees prefix keys and new keys 0..i. Over an
-    fp8 pool the new keys and values are the pool's, at the slots after the prefix (stored there
-    by the caller, quantized), not k and v."""
+    """New query i of request b (position prefix+i) sees prefix keys and new keys 0..i; with a
+    sliding `window` (>= 1) only those at positions > prefix + i - window (HF's convention: the
+    last `window` positions, itself included). Over an fp8 pool the new keys and values are the
+    pool's, at the slots after the prefix (stored there by the caller, quantized), not k and v."""
+    assert window is None or window >= 1, f"window must be None or >= 1, got {window}"
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     group = q.shape[1] // k.shape[1]
     from_pool = k_buffer.dtype == FP8_KV
@@ -64,7 +69,10 @@ def extend_attention_ref(
         s = torch.einsum("qhd,khd->hqk", q[new].float(), keys) * scale  # [H, ext, pre+ext]
         q_pos = pre + torch.arange(ext, device=q.device)
         k_pos = torch.arange(pre + ext, device=q.device)
-        s = s.masked_fill(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        hidden = k_pos[None, :] > q_pos[:, None]  # [ext, pre+ext]
+        if window is not None:
+            hidden |= k_pos[None, :] <= q_pos[:, None] - window
+        s = s.masked_fill(hidden[None], float("-inf"))
         out[new] = torch.einsum("hqk,khd->qhd", s.softmax(-1), vals)
     return out
 

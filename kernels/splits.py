@@ -78,6 +78,7 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     Seq_lens,  # [B]
     Kv_starts,  # [B] (when HAS_KV_STARTS): > 0 means columns col0.. hold the shared prefix's part
     Out,  # [B, H, D]
+    window,  # (when HAS_WINDOW) a request's splits divide its last min(window, seq_len) keys
     num_splits,
     num_prefix_splits,
     col0,
@@ -94,17 +95,20 @@ def _decode_reduce_kernel(  # type: ignore[no-untyped-def]
     BLOCK_N: tl.constexpr,
     PREFIX_BLOCK_N: tl.constexpr,
     HAS_KV_STARTS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,  # (not with HAS_KV_STARTS)
 ):
     """All of a (request, q head)'s partial results merged (_merge_columns)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     seq_len = tl.load(Seq_lens + b).to(tl.int32)
-    kv_start = 0
+    kv_start = 0  # the shared prefix's keys (columns col0..)
     if HAS_KV_STARTS:
         kv_start = tl.load(Kv_starts + b).to(tl.int32)
     # NOTE: splits at or past a walk's length were never written (their buffers hold garbage):
     # read only the first `used` of each kind; a prefix of kv_start keys is split like its block's.
     own = seq_len - kv_start
+    if HAS_WINDOW:  # the split kernel walked only the window
+        own = tl.minimum(seq_len, window)
     _, _, split_len = _split_range(own, num_splits, 0, BLOCK_N)
     used = tl.cdiv(own, tl.maximum(split_len, 1))
     _, _, prefix_split_len = _split_range(kv_start, num_prefix_splits, 0, PREFIX_BLOCK_N)

@@ -75,7 +75,8 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary.stores_kv and attn.rotates(batch):  # the decode kernel rotates, stores
             out = attn.forward_rotating(q, k, v, self.layer, batch, self.scale,
-                                        self.rotary.cos_sin, prefetch=self.o_proj.prefetch_tensor)  # fmt: skip
+                                        self.rotary.cos_sin, prefetch=self.o_proj.prefetch_tensor,
+                                        sliding_window=self.sliding_window)  # fmt: skip
         else:  # the rotary kernel stores k and v into the pool too where the backend lets it
             target = attn.kv_store_target(self.layer, batch) if self.rotary.stores_kv else None
             q, k = self.rotary(batch.positions, q, k, (v, *target) if target else None)

@@ -23,6 +23,8 @@ class AttentionBackend(ABC):
     supports_shared_prefix = False
     # the caller may store the new tokens' K/V itself (kv_store_target, forward's kv_stored)
     lends_kv_pool = False
+    # reads a hybrid sliding-window pool (pool.hybrid): windowed layers at pool.slots_for(...)
+    supports_hybrid_swa_pool = False
 
     def __init__(self, pool: KVPool, req_to_token: torch.Tensor) -> None:
         self.pool = pool
@@ -64,11 +66,12 @@ class AttentionBackend(ABC):
         scale: float,
         cos_sin: torch.Tensor,  # [P, D] float32: cos then sin per position (cos_sin_cache)
         prefetch: torch.Tensor | None = None,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:  # [T, H, D]
         """forward for q and k that still need their rotary embedding at `batch.positions` (neox
         halves over whole heads), and k, v not yet stored; only where `rotates(batch)`.
         `prefetch`: what the caller reads next (its o_proj weight), which the backend may ask
-        the L2 for while its kernel runs."""
+        the L2 for while its kernel runs. `sliding_window`: the layer's, as `forward` takes it."""
         raise TypeError(f"{type(self).__name__} does not rotate q and k itself")
 
     def kv_store_target(

@@ -39,9 +39,14 @@ class TritonAttentionBackend(AttentionBackend):
     for all of them. In CUDA graphs the plan lives in static buffers sized for the largest batch,
     filled before each replay of the shared-prefix graph variant; a step without groups replays
     the plain variant, which reads no plan.
+
+    Sliding windows (per layer): both kernels walk only each query's window. A windowed layer's
+    decode does not use the shared-prefix grouping (each member's window starts at its own
+    length) and splits its walk by a count fitted to min(window, context): a function of the
+    batch size and the layer's window, fixed per captured graph as the plain count is.
     """
 
-    supports_sliding_window = False
+    supports_sliding_window = True
     supports_cuda_graph = True
     supports_shared_prefix = True
     lends_kv_pool = True
@@ -73,18 +78,28 @@ class TritonAttentionBackend(AttentionBackend):
         self._work_lens: tuple[list[int], list[int]] = ([], [])  # its extend and prefix lengths
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
         self._static: tuple[torch.Tensor, ...] | None = None
+        self._window_splits: dict[tuple[int, int], int] = {}  # (batch size, window) -> splits
 
     @property
     def _context(self) -> int:
         return self.req_to_token.shape[1]  # the longest possible context
 
-    def _splits(self, batch_size: int) -> int:
+    def _splits(self, batch_size: int, window: int | None = None) -> int:
         """Decode splits for a batch size. The longest possible context fixes the count (each
         split's length follows its request's at run time), so one graph serves every length, and
         eager steps use the kernel variants that graph capture compiled (NOTE: a split count met
-        first mid-run costs a Triton compile, ~1 s, inside that step)."""
-        return decode_num_kv_splits(batch_size, self.pool.num_kv_heads, self._context,
-                                    self.num_sms, fp8=self.pool.k[0].dtype == FP8_KV)  # fmt: skip
+        first mid-run costs a Triton compile, ~1 s, inside that step). A windowed layer walks at
+        most `window` keys: the count for min(window, context)."""
+        if window is not None:
+            key = (batch_size, window)
+            if key not in self._window_splits:
+                self._window_splits[key] = self._count(batch_size, min(window, self._context))
+            return self._window_splits[key]
+        return self._count(batch_size, self._context)
+
+    def _count(self, batch_size: int, keys: int) -> int:
+        return decode_num_kv_splits(batch_size, self.pool.num_kv_heads, keys, self.num_sms,
+                                    fp8=self.pool.k[0].dtype == FP8_KV)  # fmt: skip
 
     def prepare_graph(self, batch: ForwardBatch, shared: bool = False) -> None:
         self.decode = True
@@ -164,7 +179,7 @@ class TritonAttentionBackend(AttentionBackend):
         if not kv_stored:
             store_kv(k, v, k_buf, v_buf, batch.out_cache_loc)
         if self.decode:
-            return self._decode(q, layer, batch, scale)
+            return self._decode(q, layer, batch, scale, window=sliding_window)
         out = torch.empty_like(q)
         p, t = self.num_extend, self.extend_tokens
         if self.work is None and self.use_work:
@@ -187,8 +202,12 @@ class TritonAttentionBackend(AttentionBackend):
             scale,
             max_extend_len=self.max_extend,
             work=self.work,
+            window=sliding_window,
         )
         if t < q.shape[0]:  # the decodes after them
+            splits = self.num_kv_splits
+            if sliding_window is not None:
+                splits = self._splits(q.shape[0] - t, sliding_window)
             decode_attention(
                 q[t:],
                 k_buf,
@@ -198,7 +217,7 @@ class TritonAttentionBackend(AttentionBackend):
                 self.tail_lens,
                 out[t:],
                 scale,
-                DecodePlan(self.num_kv_splits),
+                DecodePlan(splits, window=sliding_window),
             )
         return out
 
@@ -215,13 +234,14 @@ class TritonAttentionBackend(AttentionBackend):
         scale: float,
         cos_sin: torch.Tensor,
         prefetch: torch.Tensor | None = None,
+        sliding_window: int | None = None,
     ) -> torch.Tensor:
         assert self.rotates(batch), "forward_rotating serves only what rotates() accepts"
         rope = DecodeRope(batch.positions, cos_sin, k, v, batch.out_cache_loc)
         hint = None
         if prefetch is not None and batch.batch_size <= L2_PREFETCH_MAX_BATCH:
             hint = L2Prefetch(prefetch, L2_PREFETCH_FRACTION)
-        return self._decode(q, layer, batch, scale, rope, hint)
+        return self._decode(q, layer, batch, scale, rope, hint, sliding_window)
 
     ##### Internal Helper Functions #####
 
@@ -233,10 +253,16 @@ class TritonAttentionBackend(AttentionBackend):
         scale: float,
         rope: DecodeRope | None = None,
         hint: L2Prefetch | None = None,
+        window: int | None = None,
     ) -> torch.Tensor:
-        """A decode step's attention (q and the new k rotated here too with `rope`)."""
-        plan = DecodePlan(self.num_kv_splits, shared=self.shared, kv_starts=self.kv_starts,
-                          rope=rope, l2_prefetch=hint)  # fmt: skip
+        """A decode step's attention (q and the new k rotated here too with `rope`); a windowed
+        layer walks each request's window alone, without the shared-prefix grouping."""
+        if window is None:
+            plan = DecodePlan(self.num_kv_splits, shared=self.shared, kv_starts=self.kv_starts,
+                              rope=rope, l2_prefetch=hint)  # fmt: skip
+        else:
+            splits = self._splits(batch.batch_size, window)
+            plan = DecodePlan(splits, rope=rope, l2_prefetch=hint, window=window)
         return decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.req_to_token,
                                 batch.req_rows, batch.seq_lens, torch.empty_like(q), scale,
                                 plan)  # fmt: skip
