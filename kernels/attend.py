@@ -44,8 +44,11 @@ def _attend(  # type: ignore[no-untyped-def]
     DOT_PRECISION: tl.constexpr,
     FP16_DOTS: tl.constexpr,  # an fp8 pool under a 16-bit q: both dots in float16
     V_STAGED: tl.constexpr,  # with FP16_DOTS: V converted before its layout change (CUDA)
+    Slot_map=None,  # (when HAS_MAP) [num_full_slots] int64: a Tokens slot -> its K_buf/V_buf row
+    HAS_MAP: tl.constexpr = False,
 ):
-    """Online softmax of q over the keys at slots Tokens[start:end]: (acc, row max, row sum).
+    """Online softmax of q over the keys at slots Tokens[start:end] (with HAS_MAP, at
+    Slot_map[Tokens[start:end]]: a hybrid pool's windowed layer): (acc, row max, row sum).
 
     NOTE: with FP16_DOTS (an fp8 pool under a 16-bit q) both dots run in float16: e4m3 ->
     float16 is one instruction per two values on sm_89+, e4m3 -> bfloat16 takes more. At batch
@@ -75,6 +78,8 @@ def _attend(  # type: ignore[no-untyped-def]
         n = n0 + offs_n
         n_mask = n < end
         slot = tl.load(Tokens + n, mask=n_mask, other=0).to(tl.int64)
+        if HAS_MAP:
+            slot = tl.load(Slot_map + slot, mask=n_mask, other=0).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k_ptrs = K_buf + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :]
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D] (fp8 up)

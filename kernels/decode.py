@@ -31,7 +31,8 @@ class DecodeRope(NamedTuple):
     cos_sin: torch.Tensor  # [P, D] float32 (rotary.cos_sin_cache; rotary dim = head dim)
     k: torch.Tensor  # [B, Hkv, D] the new tokens' k, not rotated (q's dtype)
     v: torch.Tensor  # [B, Hkv, D]
-    loc: torch.Tensor  # [B] int: their slots (req_to_token[req_rows[b], seq_lens[b] - 1])
+    loc: torch.Tensor  # [B] int: their slots (req_to_token[req_rows[b], seq_lens[b] - 1]; with
+    # the plan's slot_map, full-pool slots: the kernel stores at slot_map[loc], as it reads)
 
 
 @triton.jit
@@ -51,6 +52,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     K_new,  # [B, Hkv, D] the new token's k, not yet rotated, and its v
     V_new,
     Loc,  # [B] the new token's slot
+    Slot_map,  # (when HAS_MAP) [num_full_slots] int64: req_to_token's slots -> K_buf/V_buf rows
     Counters,  # [B * Hkv] int32 arrivals per (request, kv head), zeros (SUM_HERE)
     Prefetch,  # uint8 (when PREFETCH): bytes the programs ask the L2 for, the next kernel's
     prefetch_bytes,
@@ -95,6 +97,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
     ROPE: tl.constexpr,  # rotate q and the new k here (neox halves, whole heads); store k, v
     SATURATE: tl.constexpr,  # (ROPE) clamp to +-SATURATE before the pool's cast (fp8), if > 0
     PREFETCH: tl.constexpr,  # the programs ask the L2 for Prefetch's bytes after their walk
+    HAS_MAP: tl.constexpr,  # keys (and ROPE's store) at Slot_map[slot]: a hybrid pool's SWA rows
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -123,6 +126,8 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
         sin = tl.load(freq + D // 2, mask=d_mask, other=0.0)
         if kv_start + end == seq_len and end > start:  # this split walks the new key: store it
             slot = tl.load(Loc + b).to(tl.int64)
+            if HAS_MAP:
+                slot = tl.load(Slot_map + slot).to(tl.int64)
             k_ptrs = K_new + b * stride_knb + kvh * stride_knh + offs_d
             k_new = _rope_neox(k_ptrs, offs_d, d_mask, cos, sin, D // 2).to(Q.dtype.element_ty)
             k_new = _to_pool(k_new, SATURATE, K_buf.dtype.element_ty)
@@ -140,7 +145,7 @@ def _decode_split_kernel(  # type: ignore[no-untyped-def]
         acc, m_i, l_i = _attend(
             q, K_buf, V_buf, Req_to_token + row * stride_rr, kv_start + start, kv_start + end,
             kvh, qk_scale, stride_kt, stride_kh, stride_vt, stride_vh,
-            BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED,
+            BLOCK_H, D, BLOCK_D, BLOCK_N, DOT_PRECISION, FP16_DOTS, V_STAGED, Slot_map, HAS_MAP,
         )  # fmt: skip
         if PREFETCH:
             part = (b * tl.num_programs(1) + kvh) * tl.num_programs(2) + split
@@ -208,6 +213,11 @@ class DecodePlan:
       request b's query (position seq_lens[b] - 1) sees only keys at positions >= seq_lens[b] -
       window. Its walk starts at the window's first key: keys before it are never read, and the
       splits divide the window (a split count fitted to min(window, context) fills the SMs).
+    - `slot_map` (not with `shared`): the pool's buffers are indexed by other slots than
+      req_to_token's (a hybrid pool's windowed layer: its SWA slots, `full_to_swa`): key j of
+      request b is at row slot_map[req_to_token[req_rows[b], j]], and `rope` stores at
+      slot_map[rope.loc]. Read on the device at each launch: a CUDA graph follows in-place
+      updates of the map.
     - `block_n`, `num_warps`, `num_stages` override the per-request kernel's launch (SharedPrefix
       carries the prefix kernel's); `fp8_v_staged` (an fp8 pool under a 16-bit q; CUDA only, the
       default there) converts V tiles before their layout change (`_attend`); False sinks the
@@ -225,6 +235,7 @@ class DecodePlan:
     num_stages: int | None = None
     fp8_v_staged: bool | None = None
     window: int | None = None
+    slot_map: torch.Tensor | None = None  # [num_full_slots] int64
 
     def __post_init__(self) -> None:
         if self.num_kv_splits < 1:
@@ -239,6 +250,8 @@ class DecodePlan:
             # NOTE: a member's window starts at its own length, so one walk of the prefix for the
             # whole block cannot serve it: a windowed layer decodes without the grouping
             raise ValueError("DecodePlan: window cannot go with shared (a windowed layer is alone)")
+        if self.slot_map is not None and self.shared is not None:
+            raise ValueError("DecodePlan: slot_map cannot go with shared (its kernel maps none)")
         if self.block_n is not None and self.block_n < 16:
             raise ValueError(f"DecodePlan: block_n must be >= 16, got {self.block_n}")
 
@@ -314,6 +327,9 @@ def decode_attention(
         check_tensor(v_new, "rope.v", (bsz, num_kv_heads, dim), (q.dtype,), dev)
         check_tensor(loc, "rope.loc", (bsz,), INDEX_DTYPES, dev)
         assert dim % 2 == 0, f"rotary halves need an even head dim, got {dim}"
+    slot_map = seq_lens if plan.slot_map is None else plan.slot_map  # NOTE: else not read
+    if plan.slot_map is not None:
+        check_tensor(slot_map, "slot_map", (None,), (torch.int64,), dev)
     if bsz == 0:
         return out
     width = splits + prefix_splits
@@ -347,7 +363,7 @@ def decode_attention(
                              scale, splits, prefix_block_n)  # fmt: skip
     _decode_split_kernel[(bsz, num_kv_heads, splits)](
         q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, starts, part_o, part_lse, out,
-        positions, cos_sin, k_new, v_new, loc, seq_lens if counters is None else counters,
+        positions, cos_sin, k_new, v_new, loc, slot_map, seq_lens if counters is None else counters,
         prefetch_base, prefetch_base.numel(), scale * LOG2E, window, splits,
         max(prefix_splits, 1), splits,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
@@ -361,7 +377,7 @@ def decode_attention(
         HAS_WINDOW=plan.window is not None, V_STAGED=v_staged, DIRECT=direct,
         SUM_HERE=counters is not None, BLOCK_S=triton.next_power_of_2(splits), ROPE=rope is not None,
         SATURATE=FP8_MAX if rope is not None and k_buffer.dtype == FP8_KV else 0.0,
-        PREFETCH=hint is not None,
+        PREFETCH=hint is not None, HAS_MAP=plan.slot_map is not None,
         num_warps=num_warps or (8 if fp32 else 4), num_stages=num_stages or (2 if fp32 else 3),
     )  # fmt: skip
     if direct or counters is not None:

@@ -26,6 +26,7 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
     Extend_lens,  # [B]
     Extend_start,  # [B] first row of each request in Q/K/V/Out
     Work,  # [W, 2] int32 (request, query block) per program (when HAS_WORK)
+    Slot_map,  # (when HAS_MAP) [num_full_slots] int64: req_to_token's slots -> K_buf/V_buf rows
     Out,  # [T, H, D]
     qk_scale,  # softmax scale * log2(e)
     window,  # (when HAS_WINDOW) the query at position p sees keys at positions > p - window
@@ -55,6 +56,7 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
     HEAD_GROUPS: tl.constexpr,  # H / PACK
     NEW_FROM_POOL: tl.constexpr,  # the new tokens' K/V read from the pool (an fp8 pool), not K/V
     HAS_WINDOW: tl.constexpr,
+    HAS_MAP: tl.constexpr,  # the pool's rows at Slot_map[slot] (a hybrid pool's windowed layer)
 ):
     # One program: q heads hp*PACK .. hp*PACK+PACK-1 (kv head kvh's when packed) over
     # BLOCK_T = BLOCK_M // PACK new tokens of request b; each K/V tile is loaded once for them all.
@@ -112,6 +114,8 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
             n_mask = n < prefix
             kv_mask = n_mask[:, None] & d_mask[None, :]
             slot = tl.load(Req_to_token + row * stride_rr + n, mask=n_mask, other=0).to(tl.int64)
+            if HAS_MAP:
+                slot = tl.load(Slot_map + slot, mask=n_mask, other=0).to(tl.int64)
             k_ptrs = K_buf + slot[:, None] * stride_kbt + kvh * stride_kbh + offs_d[None, :]
             k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q1.dtype)  # [BLOCK_N, BLOCK_D]
             s = tl.dot(q1, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # [M, N]
@@ -152,6 +156,8 @@ def _extend_kernel(  # type: ignore[no-untyped-def]
             if NEW_FROM_POOL:
                 slot = tl.load(Req_to_token + row * stride_rr + prefix + n, mask=n_mask, other=0)
                 slot = slot.to(tl.int64)
+                if HAS_MAP:
+                    slot = tl.load(Slot_map + slot, mask=n_mask, other=0).to(tl.int64)
                 k_ptrs = K_buf + slot[:, None] * stride_kbt + kvh * stride_kbh + offs_d[None, :]
                 v_ptrs = V_buf + slot[:, None] * stride_vbt + kvh * stride_vbh + offs_d[None, :]
                 k = tl.load(k_ptrs, mask=kv_mask, other=0.0).to(q2.dtype)
@@ -204,6 +210,7 @@ def extend_attention(
     pack_gqa: bool = False,
     work: torch.Tensor | None = None,
     window: int | None = None,
+    slot_map: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the new tokens over prefix + new tokens; returns `out`.
 
@@ -229,6 +236,10 @@ def extend_attention(
     programs run exactly these (request, query block) pairs, in this order, all head groups of
     one pair side by side, instead of a grid of every request x its longest request's blocks,
     whose blocks past a request's new tokens start and exit at once.
+
+    `slot_map` (int64 [num_full_slots]): the pool's buffers are indexed by other slots than
+    req_to_token's (a hybrid pool's windowed layer: its SWA slots, `full_to_swa`): every slot
+    read from req_to_token (the prefix's; an fp8 pool's new tokens') is looked up in it first.
     """
     tokens, heads, dim = q.shape
     bsz = req_rows.shape[0]
@@ -245,6 +256,8 @@ def extend_attention(
     for name, t in (("extend_lens", extend_lens), ("extend_start_loc", extend_start_loc)):
         check_tensor(t, name, (bsz,), INDEX_DTYPES, dev)
     check_tensor(out, "out", (tokens, heads, dim), (q.dtype,), dev)
+    if slot_map is not None:
+        check_tensor(slot_map, "slot_map", (None,), (torch.int64,), dev)
     assert heads % num_kv_heads == 0, f"{heads} q heads do not group over {num_kv_heads} kv heads"
     assert window is None or window >= 1, f"window must be None or >= 1, got {window}"
     group = heads // num_kv_heads
@@ -275,7 +288,8 @@ def extend_attention(
         grid = (bsz, heads // pack, triton.cdiv(max_extend_len, block_m // pack))
     _extend_kernel[grid](
         q, k, v, k_buffer, v_buffer, req_to_token, req_rows, prefix_lens, extend_lens,
-        extend_start_loc, extend_lens if work is None else work, out, scale * LOG2E,
+        extend_start_loc, extend_lens if work is None else work,
+        extend_lens if slot_map is None else slot_map, out, scale * LOG2E,
         0 if window is None else window,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
@@ -285,6 +299,7 @@ def extend_attention(
         FP16_DOTS=fp16_dots(q, k_buffer), V_STAGED=fp8_v_staging(q, k_buffer),
         HAS_WORK=work is not None, HEAD_GROUPS=heads // pack,
         NEW_FROM_POOL=k_buffer.dtype == FP8_KV, HAS_WINDOW=window is not None,
+        HAS_MAP=slot_map is not None,
         num_warps=num_warps or (8 if block_m * dim >= (32 if fp32 else 128) * 128 else 4),
         num_stages=2,
     )  # fmt: skip

@@ -16,9 +16,13 @@ def decode_attention_ref(
     seq_lens: torch.Tensor,  # [B]
     scale: float,
     window: int | None = None,
+    slot_map: torch.Tensor | None = None,  # [num_full_slots]: req_to_token's slots -> pool rows
 ) -> torch.Tensor:  # [B, H, D] float32
     """Each request's one query (its newest token) attends to all of its seq_len keys (with a
-    `window`, to its last min(window, seq_len) keys)."""
+    `window`, to its last min(window, seq_len) keys; with a `slot_map`, key j is at pool row
+    slot_map[req_to_token[row, j]])."""
+    if slot_map is not None:
+        req_to_token = slot_map[req_to_token.long()]
     # a decode step is an extend of one token whose K/V already sit in the pool at position seq_len-1
     rows, lens = req_rows.long(), seq_lens.long()
     last = req_to_token[rows, lens - 1].long()  # [B] slot of each request's newest token
@@ -42,11 +46,15 @@ def extend_attention_ref(
     extend_start_loc: torch.Tensor,  # [B] first row of each request in q/k/v
     scale: float,
     window: int | None = None,
+    slot_map: torch.Tensor | None = None,  # [num_full_slots]: req_to_token's slots -> pool rows
 ) -> torch.Tensor:  # [T, H, D] float32
     """New query i of request b (position prefix+i) sees prefix keys and new keys 0..i; with a
     sliding `window` (>= 1) only those at positions > prefix + i - window (HF's convention: the
     last `window` positions, itself included). Over an fp8 pool the new keys and values are the
-    pool's, at the slots after the prefix (stored there by the caller, quantized), not k and v."""
+    pool's, at the slots after the prefix (stored there by the caller, quantized), not k and v.
+    A `slot_map` sends each slot read from req_to_token to the pool's row slot_map[slot]."""
+    if slot_map is not None:
+        req_to_token = slot_map[req_to_token.long()]
     assert window is None or window >= 1, f"window must be None or >= 1, got {window}"
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     group = q.shape[1] // k.shape[1]

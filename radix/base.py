@@ -104,6 +104,10 @@ class PrefixCache(ABC):
         """All tokens in the cache (evictable + protected)."""
 
     @abstractmethod
+    def values_by_age(self) -> list[torch.Tensor]:
+        """Every node's value (KV slots), least recently used node first."""
+
+    @abstractmethod
     def check_integrity(self) -> None:
         """Recount the whole structure; raise RuntimeError with the numbers on any mismatch."""
 

@@ -107,6 +107,9 @@ class RadixCache(PrefixCache):
     def total_size(self) -> int:
         return self._evictable + self._protected
 
+    def values_by_age(self) -> list[torch.Tensor]:
+        return [n.value for n in sorted(self._nodes(), key=lambda n: n.last_access_time)]
+
     def check_integrity(self) -> None:
         errors: list[str] = []
         evictable = protected = 0
@@ -253,6 +256,9 @@ class NoCache(PrefixCache):
 
     def total_size(self) -> int:
         return 0
+
+    def values_by_age(self) -> list[torch.Tensor]:
+        return []
 
     def check_integrity(self) -> None:
         pass

@@ -124,6 +124,11 @@ class EngineConfig:
     new_token_ratio_decay_steps: int = 600
     retract_decode_steps: int = 20
     disable_radix_cache: bool = False
+    # a model with both sliding-window and global layers (Gemma 3) keeps only a window's worth
+    # of KV per request in its windowed layers (the hybrid SWA pool, as SGLang's); its SWA
+    # tokens are this share of its full tokens
+    swa_full_tokens_ratio: float = 0.8
+    disable_hybrid_swa_memory: bool = False  # every layer keeps every token's KV
     attention_backend: str = "auto"
     disable_cuda_graph: bool = False  # CUDA: run decode eagerly instead of replaying graphs
     cuda_graph_max_bs: int = 256  # largest decode batch captured (bigger batches run eagerly)
@@ -136,7 +141,11 @@ class EngineConfig:
     overlap_schedule: Literal["auto", "on", "off"] = "auto"
     grammar_backend: Literal["llguidance", "outlines"] = "llguidance"
     grammar_timeout: float = 10.0  # seconds a grammar may take to compile before a 400
-    strict_schemas: bool = False  # refuse JSON-schema keywords the backend cannot enforce
+    strict_schemas: bool = False  # the older spelling of grammar_strictness="strict"
+    # JSON schemas with keywords the grammar cannot enforce exactly (uniqueItems, oneOf
+    # exclusivity, not, ...): lenient compiles the rest and reports each finished output's
+    # validity (meta_info schema_valid); strict refuses them (a 400 naming keyword and pointer)
+    grammar_strictness: Literal["lenient", "strict"] = "lenient"
     # what one grammar may ask of the backend, checked before compiling (a 400 naming the limit;
     # constrain/limits.py GrammarLimits says why these defaults)
     grammar_max_repeat: int = 10_000  # a counted repetition's bound ({n,m}, Lark ~ n..m)
@@ -193,6 +202,10 @@ class EngineConfig:
             raise ValueError(f"max_total_tokens must be >= 2, got {self.max_total_tokens}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise ValueError(f"kv_cache_bytes must be > 0, got {self.kv_cache_bytes}")
+        if not 0.0 < self.swa_full_tokens_ratio <= 1.0:
+            raise ValueError(
+                f"swa_full_tokens_ratio must be in (0, 1], got {self.swa_full_tokens_ratio}"
+            )
         if not 0.0 < self.mem_fraction < 1.0:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
         if self.max_running_requests < 1:
@@ -244,6 +257,10 @@ class EngineConfig:
         if self.grammar_backend not in ("llguidance", "outlines"):
             raise ValueError(
                 f"grammar_backend must be 'llguidance' or 'outlines', got {self.grammar_backend!r}"
+            )
+        if self.grammar_strictness not in ("lenient", "strict"):
+            raise ValueError(
+                f"grammar_strictness must be 'lenient' or 'strict', got {self.grammar_strictness!r}"
             )
         if not self.grammar_timeout > 0:
             raise ValueError(f"grammar_timeout must be > 0 seconds, got {self.grammar_timeout}")

@@ -48,6 +48,9 @@ _HELP = {
     "retract_decode_steps": "on a retraction the ratio rises to the running requests' decoded "
     "share of max_new_tokens plus this many tokens each",
     "disable_radix_cache": "turn prefix caching off",
+    "swa_full_tokens_ratio": "hybrid sliding-window pool: SWA tokens (windowed layers' KV) per "
+    "full token (global layers' KV); lower holds more tokens in the same memory",
+    "disable_hybrid_swa_memory": "windowed layers keep every token's KV, as global layers do",
     "attention_backend": "auto (triton on CUDA, torch on CPU), triton, flashinfer or torch",
     "disable_cuda_graph": "run decode steps eagerly on CUDA instead of replaying CUDA graphs",
     "cuda_graph_max_bs": "largest decode batch captured in a CUDA graph",
@@ -76,7 +79,10 @@ _HELP = {
     "grammar_max_regex_chars": "characters of one regex in a grammar; more is a 400",
     "grammar_max_spec_chars": "characters of a JSON schema, EBNF grammar or structural tag; more "
     "is a 400",
-    "strict_schemas": "refuse JSON-schema keywords the grammar backend cannot enforce",
+    "strict_schemas": "the same as --grammar-strictness strict",
+    "grammar_strictness": "JSON schemas with keywords the grammar cannot enforce exactly: lenient "
+    "compiles the rest and reports each output's validity (meta_info schema_valid), strict "
+    "refuses them with a 400",
     "disable_jump_forward": "sample grammar-forced tokens one by one (so with overlap anyway)",
     "gemv": "decode graphs of 1-16 rows on weft's skinny GEMV: auto (where the step replays "
     "faster), on or off",
@@ -92,6 +98,7 @@ _HELP = {
 _CHOICES = {
     "quantization": ("gguf", "fp8"),
     "speculative_algorithm": ("ngram", "draft"),
+    "grammar_strictness": ("lenient", "strict"),
 }  # shown as {gguf,fp8} in --help
 
 

@@ -53,11 +53,18 @@ class PageAllocator:
             self._is_free[p] = 0
         return pages
 
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
     def free(self, slots: torch.Tensor) -> None:
         """Give back the pages holding these slots (callers pass whole pages' worth of slots)."""
         if slots.numel() == 0:
             return
-        pages = torch.unique(slots.to("cpu", torch.int64) // self.page_size).tolist()
+        self.free_page_list(torch.unique(slots.to("cpu", torch.int64) // self.page_size).tolist())
+
+    def free_page_list(self, pages: list[int]) -> None:
+        """Give back these pages (each once)."""
         for p in pages:
             assert p >= RESERVED_PAGES, "freeing the reserved padding page"
             assert not self._is_free[p], f"KV page {p} freed twice"
@@ -72,7 +79,12 @@ class PageAllocator:
 
 
 class KVPool:
-    """K and V buffers per layer, indexed by token slot: [num_slots, num_kv_heads, head_dim]."""
+    """K and V buffers per layer, indexed by token slot: [num_slots, num_kv_heads, head_dim].
+
+    Backends address layer `layer` at `slots_for(layer, slots)`: the slots themselves here; the
+    hybrid sliding-window pool (swa_memory.HybridKVPool) maps them for its windowed layers."""
+
+    hybrid = False  # some layers' buffers are indexed by SWA slots (slots_for maps them)
 
     def __init__(
         self,
@@ -98,6 +110,17 @@ class KVPool:
         return (
             2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
         )
+
+    def is_windowed(self, layer: int) -> bool:
+        """Whether the layer's buffers are indexed by SWA slots (never here)."""
+        return False
+
+    def slots_for(self, layer: int, slots: torch.Tensor) -> torch.Tensor:
+        """Where layer `layer` keeps the tokens of these (full-pool) slots."""
+        return slots
+
+    def flush(self) -> None:
+        """Send the host's slot-map writes to the device (nothing here: no map)."""
 
     def store(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # loc: [T]; k, v: [T, Hkv, D]

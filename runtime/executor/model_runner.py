@@ -23,6 +23,7 @@ from weft.runtime.executor.sampler import Sampler, SamplingInputs
 from weft.runtime.executor.shared_prefix import PlanCache
 from weft.runtime.executor.spec_step import sample_verify
 from weft.runtime.executor.step import LaunchedStep, ReqStepResult, input_logprob_rows, samples
+from weft.runtime.executor.swa_memory import HybridKVPool, SWAPageAllocator, hybrid_page_counts
 from weft.runtime.executor.transfer import to_device
 from weft.runtime.loader import gguf_path, iterate_weight_slices
 from weft.runtime.loader.fp8_checkpoint import refuse_quantized_checkpoint
@@ -95,14 +96,44 @@ class ModelRunner:
             loaded = load_draft(config, config.speculative_draft_model_path, self.device,
                                 self.dtype, context_len)  # fmt: skip
             per_slot += DraftRunner.bytes_per_slot(config, loaded.hf_config, tp)
-        num_pages = self._num_pages(per_slot)
-        if tp is not None:  # the same pool size on every rank: the accounting is replicated
-            num_pages = tp.min_int(num_pages)
-        # slot numbers live on the host (the scheduler's table mirror, the radix tree)
-        self.allocator = PageAllocator(num_pages, self.page_size, "cpu")
-        self.pool = KVPool(
-            num_pages * self.page_size, num_layers, kv_heads, head_dim, kv_dtype, self.device
+        windows = [getattr(layer.self_attn, "sliding_window", None) for layer in self.model.layers]
+        windowed = [w is not None for w in windows]
+        self.swa_window = (  # the hybrid pool: windowed layers keep a window per request
+            max(w for w in windows if w is not None)
+            if any(windowed) and not all(windowed) and not config.disable_hybrid_swa_memory
+            else None
         )
+        self.allocator: PageAllocator | SWAPageAllocator
+        self.pool: KVPool
+        if self.swa_window is not None:
+            if loaded is not None or config.speculative_algorithm is not None:
+                raise ValueError(
+                    "speculative decoding does not run on the hybrid sliding-window KV pool yet; "
+                    "pass disable_hybrid_swa_memory=True"
+                )
+            layer_bytes = KVPool.bytes_per_slot(1, kv_heads, head_dim, kv_dtype)
+            num_pages, num_swa_pages = hybrid_page_counts(
+                config, self.page_size, self.context_len, self.swa_window, windowed, layer_bytes,
+                self._kv_budget,
+            )  # fmt: skip
+            if tp is not None:
+                num_pages, num_swa_pages = tp.min_int(num_pages), tp.min_int(num_swa_pages)
+            self.allocator = SWAPageAllocator(
+                num_pages, num_swa_pages, self.page_size, self.swa_window, self.device
+            )
+            self.pool = HybridKVPool(
+                num_pages * self.page_size, num_swa_pages * self.page_size, windowed, kv_heads,
+                head_dim, kv_dtype, self.device, self.allocator,
+            )  # fmt: skip
+        else:
+            num_pages = self._num_pages(per_slot)
+            if tp is not None:  # the same pool size on every rank: the accounting is replicated
+                num_pages = tp.min_int(num_pages)
+            # slot numbers live on the host (the scheduler's table mirror, the radix tree)
+            self.allocator = PageAllocator(num_pages, self.page_size, "cpu")
+            self.pool = KVPool(
+                num_pages * self.page_size, num_layers, kv_heads, head_dim, kv_dtype, self.device
+            )
         self.req_to_token = ReqToTokenPool(config.max_running_requests, context_len, self.device)
         self.attn = create_attention_backend(
             config.attention_backend,
@@ -112,6 +143,12 @@ class ModelRunner:
             self.page_size,
             config.tuning,
         )
+        if self.pool.hybrid and not self.attn.supports_hybrid_swa_pool:
+            raise ValueError(
+                f"attention backend {type(self.attn).__name__} cannot read the hybrid "
+                "sliding-window KV pool yet; pass disable_hybrid_swa_memory=True or "
+                "attention_backend='triton' or 'torch'"
+            )
         self.draft = (
             DraftRunner.build(config, loaded.path, self.device, self.dtype, self.req_to_token,
                               self.page_size, num_pages * self.page_size, tp,
@@ -170,12 +207,28 @@ class ModelRunner:
             self.req_to_token.max_reqs, self.hf_config.vocab_size, self.device, self.fused
         )
         self.masks.warm_up(self.dtype)
-        logger.info("KV pool: %d tokens in pages of %d", self.allocator.total_slots, self.page_size)
+        if isinstance(self.allocator, SWAPageAllocator):
+            logger.info(
+                "KV pool (hybrid sliding window %d): %d full tokens for %d global layers, %d SWA "
+                "tokens for %d windowed layers, in pages of %d",
+                self.allocator.window, self.allocator.total_slots, windowed.count(False),
+                self.allocator.swa_total_slots, windowed.count(True), self.page_size,
+            )  # fmt: skip
+        else:
+            logger.info(
+                "KV pool: %d tokens in pages of %d", self.allocator.total_slots, self.page_size
+            )
 
     def _num_pages(self, bytes_per_slot: int) -> int:
         if self.config.max_total_tokens is not None:
             tokens = self.config.max_total_tokens
-        elif self.device.type == "cuda":
+        else:
+            tokens = self._kv_budget() // bytes_per_slot
+        return -(-tokens // self.page_size) + RESERVED_PAGES
+
+    def _kv_budget(self) -> int:
+        """Bytes for the KV pool."""
+        if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             used_by_others = total - free
             budget = int(total * self.config.mem_fraction) - used_by_others
@@ -183,10 +236,8 @@ class ModelRunner:
                 raise ValueError(
                     f"no GPU memory left for the KV pool with mem_fraction={self.config.mem_fraction}"
                 )
-            tokens = budget // bytes_per_slot
-        else:
-            tokens = (self.config.kv_cache_bytes or CPU_KV_BYTES) // bytes_per_slot
-        return -(-tokens // self.page_size) + RESERVED_PAGES
+            return budget
+        return self.config.kv_cache_bytes or CPU_KV_BYTES
 
     ##### One step #####
 
@@ -208,6 +259,7 @@ class ModelRunner:
         after this step's inputs are built and staged (all but the token ids it samples) and
         before its model: its masks, prefetched since its accepts, get that time too."""
         self.req_to_token.flush()  # the scheduler's slot writes since the last step
+        self.pool.flush()  # and its SWA slot-map writes (hybrid pool)
         fb, futures = self._forward_batch(batch)
         graphs = self.graphs if self.graphs is not None and self.graphs.can_run(fb) else None
         if graphs is not None:

@@ -95,8 +95,11 @@ class KVForecast:
     def fits(self, req: Req, need: int) -> bool:
         """Whether `req`, whose prompt takes `need` more slots now, fits beside those counted
         (then it is counted too). NOTE: a request that locked a cached prefix may have made
-        that prefix stay locked when others finish, so theirs are counted again first."""
-        if need > self.cache.available_tokens:
+        that prefix stay locked when others finish, so theirs are counted again first. With a
+        hybrid sliding-window pool, every request holding KV must also have room to grow to a
+        window's worth of SWA pages (`swa_admits`; the chunk's own pages are checked as they
+        are allocated)."""
+        if need > self.cache.available_tokens or not self.cache.swa_admits():
             return False
         if self.stale or req.prefix_len:
             self._recount()

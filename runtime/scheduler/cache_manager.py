@@ -6,7 +6,9 @@ import torch
 
 from weft.radix import NoCache, PrefixCache
 from weft.runtime.executor.memory import PageAllocator, ReqToTokenPool
+from weft.runtime.executor.swa_memory import SWAPageAllocator
 from weft.runtime.scheduler.request import Req
+from weft.runtime.scheduler.swa_cache import SWAWindows
 
 
 class KVCacheManager:
@@ -19,13 +21,24 @@ class KVCacheManager:
 
     Own slots become the tree's when `cache_req` inserts them; duplicates (tokens another request
     put in the tree first) are freed and the row re-pointed at the tree's copy.
+
+    With a hybrid sliding-window pool (SWAPageAllocator) `swa` keeps the SWA pages: only a
+    window's worth per request, matches cut to where the window's SWA KV exists (SWAWindows).
     """
 
-    def __init__(self, allocator: PageAllocator, tree: PrefixCache, table: ReqToTokenPool) -> None:
+    def __init__(
+        self,
+        allocator: PageAllocator | SWAPageAllocator,
+        tree: PrefixCache,
+        table: ReqToTokenPool,
+    ) -> None:
         self.allocator = allocator
         self.tree = tree
         self.table = table
         self.page_size = allocator.page_size
+        self.swa = (
+            SWAWindows(allocator, tree, table) if isinstance(allocator, SWAPageAllocator) else None
+        )
 
     @property
     def available_tokens(self) -> int:
@@ -34,19 +47,27 @@ class KVCacheManager:
 
     def match_len(self, req: Req) -> int:
         """Cached prefix length the request would get (no side effects beyond LRU touch)."""
-        return len(self.tree.match_prefix(req.tokens(0, self._match_cap(req))).indices)
+        indices = self.tree.match_prefix(req.tokens(0, self._match_cap(req))).indices
+        return len(indices) if self.swa is None else self.swa.usable_len(indices)
 
     def admit(self, req: Req) -> bool:
         """Give the request a table row and its cached prefix (locked). False if no row is free."""
         row = self.table.alloc()
         if row is None:
             return False
-        match = self.tree.match_prefix(req.tokens(0, self._match_cap(req)))
+        key = req.tokens(0, self._match_cap(req))
+        match = self.tree.match_prefix(key)
         n = len(match.indices)
+        usable = n if self.swa is None else self.swa.usable_len(match.indices)
+        if usable < n:  # its window's SWA KV is gone: the shorter match, ending on a node
+            n = usable
+            match = self.tree.match_prefix(key[:n])
         self.table.write(row, 0, match.indices)
         self.tree.inc_lock_ref(match.last_node)
         req.row, req.kv_len, req.prefix_len, req.last_node = row, n, n, match.last_node
         req.draft_len = n  # a cached prefix's slots hold the draft model's KV too
+        if self.swa is not None:
+            self.swa.admitted(req)
         return True
 
     def pages_needed(self, req: Req, n: int) -> int:
@@ -66,6 +87,8 @@ class KVCacheManager:
 
     def alloc(self, req: Req, n: int) -> bool:
         """KV slots for positions [kv_len, kv_len + n), evicting cached prefixes if needed."""
+        if self.swa is not None:
+            self.swa.free_own(req)
         got = self._take_pages(self.pages_needed(req, n))
         if got is None:
             return False
@@ -83,6 +106,9 @@ class KVCacheManager:
         """`alloc(req, 1)` for every request, batched (a decode step's hot path): the slot after
         each request's last one, or a fresh page for those whose last page is full."""
         p = self.page_size
+        if self.swa is not None:
+            for req in reqs:
+                self.swa.free_own(req)
         fresh = [i for i, r in enumerate(reqs) if r.kv_len % p == 0]
         pages = self._take_pages(len(fresh))
         if pages is None:
@@ -106,7 +132,23 @@ class KVCacheManager:
             return None
         if short > 0:
             self.tree.evict(short)
+        if self.swa is not None and not self.swa.make_room(n):
+            return None
         return self.allocator.alloc_pages(n)
+
+    def swa_fits(self, reqs: list[Req]) -> bool:
+        """Whether the SWA pool has the pages for these requests' next tokens (extend_len each),
+        after they give back their out-of-window ones (always, without a hybrid pool)."""
+        if self.swa is None:
+            return True
+        for req in reqs:
+            self.swa.free_own(req)
+        return self.swa.make_room(sum(self.pages_needed(r, r.extend_len) for r in reqs))
+
+    def swa_admits(self) -> bool:
+        """Whether the SWA pool has room for every request holding KV to grow to a window's
+        worth of pages (always, without a hybrid pool)."""
+        return self.swa is None or self.swa.make_room(self.swa.growth())
 
     def cache_req(self, req: Req, release: bool) -> None:
         """Put the request's computed KV into the tree; with `release`, give up all its slots."""
@@ -115,6 +157,8 @@ class KVCacheManager:
         kv_len = req.kv_len
         aligned = kv_len - kv_len % self.page_size
         key = req.tokens(0, kv_len)
+        if self.swa is not None:  # the tree keeps only the window's SWA KV
+            self.swa.free_own(req)
         values = row[:kv_len].clone()
         if isinstance(self.tree, NoCache):
             if release:
@@ -123,6 +167,10 @@ class KVCacheManager:
             return
         existing = self.tree.insert(key[:aligned], values[:aligned])
         if existing > req.prefix_len:
+            if isinstance(self.allocator, SWAPageAllocator):  # SWA KV the tree's copy lacks
+                cached = self.tree.match_prefix(key[:existing]).indices
+                own = slice(req.prefix_len, existing)
+                self.allocator.adopt_swa(cached[own], values[own])
             self.allocator.free(values[req.prefix_len : existing])
         if release:
             if aligned < kv_len:
@@ -142,6 +190,8 @@ class KVCacheManager:
         if req.grammar is not None:  # NOTE: before the slot (and its bitmask row) is handed on
             req.grammar.release()
         self.table.free(req.row)
+        if self.swa is not None:
+            self.swa.dropped(req.row)
         req.row, req.kv_len, req.prefix_len, req.last_node = None, 0, 0, None
         req.draft_len = 0
 
@@ -170,3 +220,5 @@ class KVCacheManager:
                 f"{self.table.max_reqs} rows held while idle"
             )
         self.tree.check_integrity()
+        if self.swa is not None:
+            self.swa.check_conservation()

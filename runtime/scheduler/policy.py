@@ -55,7 +55,10 @@ class BatchPolicy:
         if batch is not None:
             if not self.config.enable_mixed_chunk:
                 return batch
-            mixed = mix_decode(batch, self.overlap.decoding(self.queues.running), self.cache)
+            decoding = self.overlap.decoding(self.queues.running)
+            if not self.cache.swa_fits(decoding):  # they decode in the next step instead
+                decoding = []
+            mixed = mix_decode(batch, decoding, self.cache)
             self.stats["mixed_steps"] += len(mixed.reqs) > len(batch.reqs)
             return mixed
         return self.decode()
@@ -69,6 +72,8 @@ class BatchPolicy:
             going = self.overlap.decoding(queues.running)
         else:
             retracted = retract_for_decode(queues.running, self.cache)
+            retracted += retract_for_swa([r for r in queues.running if r not in retracted],
+                                         self.cache)  # fmt: skip
             queues.running = going = [r for r in queues.running if r not in retracted]
         if retracted:
             self.stats["retractions"] += len(retracted)
@@ -144,3 +149,16 @@ class BatchPolicy:
                 req.admitted = True
                 req.cached_tokens = req.prefix_len
         return batch
+
+
+def retract_for_swa(running: list[Req], cache: KVCacheManager) -> list[Req]:
+    """Retract the newest requests until the SWA pool has the pages of one decode step of the
+    rest (`retract_for_decode` for the hybrid sliding-window pool; the oldest always stays)."""
+    retracted: list[Req] = []
+    by_age = sorted(running, key=lambda r: r.arrival)
+    while len(by_age) > 1 and not cache.swa_fits(by_age):
+        victim = by_age.pop()
+        cache.cache_req(victim, release=True)  # its window's SWA KV goes to the tree, reclaimable
+        victim.num_retractions += 1
+        retracted.append(victim)
+    return retracted

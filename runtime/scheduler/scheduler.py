@@ -14,6 +14,7 @@ from weft.runtime.executor.batch import Batch, ForwardMode
 from weft.runtime.executor.distributed import Inbox, TPGroup, batch_digest
 from weft.runtime.executor.model_runner import ModelRunner
 from weft.runtime.executor.step import LaunchedStep
+from weft.runtime.executor.swa_memory import SWAPageAllocator
 from weft.runtime.ipc.channel import Channel
 from weft.runtime.ipc.messages import (
     BatchTokenOut,
@@ -202,6 +203,8 @@ class Scheduler:
         running = self.queues.running
         if not self.overlap.decode_continues(running, self.cache):
             return False
+        if not self.cache.swa_fits(self.overlap.decoding(running)):  # (hybrid SWA pool)
+            return False
         spec = self.speculator
         return spec is None or not spec.verifies_next(len(self.overlap.decoding(running)))
 
@@ -284,6 +287,7 @@ class Scheduler:
             "num_compiling": len(self.grammars.pending),
             "new_token_ratio": self.policy.new_token_ratio,
             "page_size": self.runner.page_size,
+            **self.swa_state(),
             # objects the collector skips (frozen at start-up) and its passes over the rest
             "gc_frozen": gc.get_freeze_count(),
             "gc_collections": [g["collections"] for g in gc.get_stats()],
@@ -291,6 +295,14 @@ class Scheduler:
             "kv_samples": [list(s) for s in self.kv_usage.samples],  # [time, held, running]
             **self.stats,
         }
+
+    def swa_state(self) -> dict[str, int]:
+        """The hybrid sliding-window pool's sizes (none without one)."""
+        alloc = self.runner.allocator
+        if not isinstance(alloc, SWAPageAllocator):
+            return {}
+        return {"max_total_swa_tokens": alloc.swa_total_slots, "swa_free_tokens": alloc.swa_free_slots,
+                "swa_window": alloc.window}  # fmt: skip
 
     ##### The queues and the step in flight, by name (tests and tools read them) #####
 

@@ -5,6 +5,8 @@ masked instead of skipped shows. Skipped without CUDA."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -143,3 +145,126 @@ def test_extend_attention_in_a_window(window: int, pack_gqa: bool, kv: str) -> N
     out = torch.full_like(q, float("nan"))
     wk.extend_attention(*args, out, DIM**-0.5, max(ext), pack_gqa=pack_gqa, window=window)
     assert_close(out, expected, TOL[torch.bfloat16])
+
+
+def test_triton_backend_on_a_hybrid_pool_replays_in_a_cuda_graph() -> None:
+    """The triton backend over a HybridKVPool (two windowed layers, one global) in a captured
+    decode step: replayed for two steps, between which the pool's map changes in place (pages
+    leave the window, a new page joins: flush()), it equals the torch backend eagerly. Layer 0
+    stores through kv_store_target (the windowed slots gathered inside the graph), layer 1 rotates
+    and stores in the decode kernel, layer 2 reads full slots. SWA rows no slot maps to are NaN."""
+    from weft.runtime.executor.attention.torch_backend import TorchAttentionBackend
+    from weft.runtime.executor.attention.triton_backend import TritonAttentionBackend
+    from weft.runtime.executor.batch import ForwardBatch, ForwardMode
+    from weft.runtime.executor.swa_memory import HybridKVPool, SWAPageAllocator
+
+    page, window, windows = 16, 512, [512, 512, None]
+    lens = [700, 1519, 31, 2048]  # after the first step (1519: a page leaves at the second)
+    bsz, pad = len(lens), 8
+    alloc = SWAPageAllocator(400, 200, page, window, DEV)
+    pool = HybridKVPool(400 * page, 200 * page, [w is not None for w in windows], KV_HEADS, DIM,
+                        torch.bfloat16, DEV, alloc)  # fmt: skip
+    host = torch.zeros(8, 4096, dtype=torch.int64)
+    rows = [3, 1, 5, 2]
+    pages: list[list[int]] = []
+    for b, n in enumerate(lens):
+        mine = alloc.alloc_pages(-(-(n + 1) // page))  # room for the second step's token
+        assert mine is not None
+        pages.append(mine)
+        host[rows[b], : len(mine) * page] = alloc.page_slots(mine)
+
+    def leave_window(seq: list[int]) -> None:
+        for b, n in enumerate(seq):  # pages wholly before the window of the query at n - 1
+            gone = [p for i, p in enumerate(pages[b]) if (i + 1) * page <= n - window]
+            alloc.free_swa(alloc.page_slots(gone))
+        alloc.flush()
+
+    leave_window(lens)
+    table = host.to(DEV)
+    for buf in (*pool.k, *pool.v):
+        buf.normal_()
+    cache = wk.cos_sin_cache(1.0 / 1e4 ** (torch.arange(0, DIM, 2, device=DEV) / DIM), 4096)
+
+    def batch(seq: list[int], n: int) -> ForwardBatch:
+        seq = seq + [0] * (n - len(seq))
+        r = rows + [0] * (n - len(rows))
+        positions = (torch.tensor(seq) - 1).clamp(min=0)
+        loc = torch.tensor([host[row, s - 1] if s else 0 for row, s in zip(r, seq, strict=True)])
+        return ForwardBatch(mode=ForwardMode.DECODE, input_ids=torch.zeros(n, dtype=torch.int64,
+                            device=DEV), positions=positions.to(DEV), out_cache_loc=loc.to(DEV),
+                            req_rows=torch.tensor(r, device=DEV), seq_lens=torch.tensor(seq,
+                            device=DEV), extend_lens=torch.ones(n, dtype=torch.int64, device=DEV),
+                            seq_lens_cpu=seq, extend_lens_cpu=[1] * n)  # fmt: skip
+
+    inputs = [tuple(torch.zeros(pad, h, DIM, dtype=torch.bfloat16, device=DEV)
+                    for h in (HEADS, KV_HEADS, KV_HEADS)) for _ in windows]  # fmt: skip
+    outs = [torch.empty(pad, HEADS, DIM, dtype=torch.bfloat16, device=DEV) for _ in windows]
+    static = batch(lens, pad)
+    backend = TritonAttentionBackend(pool, table)
+
+    def step(attn: Any, fb: ForwardBatch, xs: list[tuple[torch.Tensor, ...]]) -> list[Any]:
+        got = []
+        for layer, (q, k, v) in enumerate(xs):
+            if layer == 1 and isinstance(attn, TritonAttentionBackend):
+                got.append(attn.forward_rotating(q, k, v, layer, fb, DIM**-0.5, cache,
+                                                 sliding_window=windows[layer]))  # fmt: skip
+                continue
+            if layer == 1:  # the torch backend: rotated first
+                q, k = q.clone(), k.clone()
+                wk.rotary_embedding(fb.positions, q, k, cache)
+            target = attn.kv_store_target(layer, fb)
+            if target is not None:
+                wk.store_kv(k, v, *target)
+            got.append(attn.forward(q, k, v, layer, fb, DIM**-0.5, windows[layer],
+                                    kv_stored=target is not None))  # fmt: skip
+        return got
+
+    def captured() -> None:
+        for out, o in zip(outs, step(backend, static, inputs), strict=True):
+            out.copy_(o)
+
+    backend.prepare_graph(static)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            captured()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured()
+    for seq in (lens, [n + 1 for n in lens]):
+        if seq is not lens:
+            leave_window(seq)
+        mapped = torch.zeros(pool.num_swa_slots, dtype=torch.bool, device=DEV)
+        mapped[alloc.full_to_swa] = True
+        mapped[:page] = True
+        for layer in (0, 1):
+            pool.k[layer][~mapped] = float("nan")
+            pool.v[layer][~mapped] = float("nan")
+        fb = batch(seq, bsz)
+        for name in ("positions", "out_cache_loc", "seq_lens"):
+            getattr(static, name)[:bsz].copy_(getattr(fb, name))
+        for t in inputs:
+            for x in t:
+                x[:bsz].normal_()
+        before = [t.clone() for t in (*pool.k, *pool.v)]
+        reference = TorchAttentionBackend(pool, table)
+        reference.prepare(fb)
+        want = step(reference, fb, [tuple(x[:bsz] for x in t) for t in inputs])
+        after = [t.clone() for t in (*pool.k, *pool.v)]
+        for t, s in zip((*pool.k, *pool.v), before, strict=True):
+            t.copy_(s)
+        backend.prepare_replay(fb, pad)
+        graph.replay()
+        for out, w in zip(outs, want, strict=True):
+            assert_close(out[:bsz], w.float(), TOL[torch.bfloat16])
+        for i, (mine, theirs) in enumerate(zip((*pool.k, *pool.v), after, strict=True)):
+            mine, theirs = (
+                mine[page:].float().nan_to_num(7.0),
+                theirs[page:].float().nan_to_num(7.0),
+            )
+            if i % len(windows) == 1:  # rotated in the decode kernel vs the rotary kernel
+                assert torch.allclose(mine, theirs, atol=2e-2, rtol=2e-2)
+            else:
+                assert torch.equal(mine, theirs)

@@ -14,7 +14,12 @@ class TorchAttentionBackend(AttentionBackend):
 
     Padded keys point at the reserved slot 0 and padded queries read token 0; both are masked or
     dropped, so one SDPA call per layer serves a ragged batch of prefills or decodes.
+
+    A hybrid sliding-window pool's windowed layers read and write at the SWA slots
+    (`pool.slots_for`), mapped once per step; keys out of the window map to slot 0 (masked).
     """
+
+    supports_hybrid_swa_pool = True
 
     def prepare(self, batch: ForwardBatch) -> None:
         device = batch.input_ids.device
@@ -33,6 +38,8 @@ class TorchAttentionBackend(AttentionBackend):
         kv_valid = kj[None, :] < seq[:, None]  # [B, max_kv]
         rows = self.req_to_token[batch.req_rows, :max_kv]  # [B, max_kv]
         self.kv_index = torch.where(kv_valid, rows, 0)
+        # per layer kind (its slots_for differs): (store slots [T], key slots [B, max_kv])
+        self._slots: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
 
         self.q_pos = (seq - ext)[:, None] + qi[
             None, :
@@ -64,10 +71,11 @@ class TorchAttentionBackend(AttentionBackend):
         kv_stored: bool = False,
     ) -> torch.Tensor:
         assert not kv_stored, "the torch backend does not lend its pool (lends_kv_pool)"
-        self.pool.store(layer, batch.out_cache_loc, k, v)
+        loc, kv_index = self._slots_for(layer, batch)
+        self.pool.store(layer, loc, k, v)
         qp = q[self.q_index].transpose(1, 2)  # [B, H, max_q, D]
-        kp = self.pool.k[layer][self.kv_index].transpose(1, 2)  # [B, Hkv, max_kv, D]
-        vp = self.pool.v[layer][self.kv_index].transpose(1, 2)
+        kp = self.pool.k[layer][kv_index].transpose(1, 2)  # [B, Hkv, max_kv, D]
+        vp = self.pool.v[layer][kv_index].transpose(1, 2)
         if kp.dtype != qp.dtype:  # e.g. an fp8 pool, read back upcast
             kp, vp = kp.to(qp.dtype), vp.to(qp.dtype)
         out = F.scaled_dot_product_attention(
@@ -79,3 +87,15 @@ class TorchAttentionBackend(AttentionBackend):
             enable_gqa=qp.shape[1] != kp.shape[1],
         )  # [B, H, max_q, D]
         return out.transpose(1, 2)[self.q_valid]  # [T, H, D]
+
+    def _slots_for(self, layer: int, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's store slots [T] and key slots [B, max_kv] (the pool's own for it)."""
+        if not self.pool.hybrid:
+            return batch.out_cache_loc, self.kv_index
+        windowed = self.pool.is_windowed(layer)
+        if windowed not in self._slots:
+            self._slots[windowed] = (
+                self.pool.slots_for(layer, batch.out_cache_loc),
+                self.pool.slots_for(layer, self.kv_index),
+            )
+        return self._slots[windowed]

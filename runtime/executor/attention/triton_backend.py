@@ -20,6 +20,7 @@ from weft.runtime.executor.shared_prefix import (
     max_blocks,
     prefix_splits,
 )
+from weft.runtime.executor.swa_memory import HybridKVPool
 from weft.runtime.executor.transfer import to_device
 
 # Rotating decode steps of up to this many requests ask the L2 for the first half of the caller's
@@ -44,12 +45,20 @@ class TritonAttentionBackend(AttentionBackend):
     decode does not use the shared-prefix grouping (each member's window starts at its own
     length) and splits its walk by a count fitted to min(window, context): a function of the
     batch size and the layer's window, fixed per captured graph as the plain count is.
+
+    A hybrid sliding-window pool (pool.hybrid): a windowed layer's buffers are indexed by SWA
+    slots, so its kernels take the pool's `full_to_swa` as a slot map (one more lookup per key:
+    slot_map[req_to_token[row, j]]) and its new K/V go to the mapped slots (`_slots`). The map is
+    a static device tensor that pool.flush() updates in place before each step, so a CUDA graph
+    reads the step's map at replay; global layers launch the kernels without a map, as over a
+    plain pool.
     """
 
     supports_sliding_window = True
     supports_cuda_graph = True
     supports_shared_prefix = True
     lends_kv_pool = True
+    supports_hybrid_swa_pool = True
 
     def __init__(self, pool: KVPool, req_to_token: torch.Tensor, extend_work: str = "auto") -> None:
         super().__init__(pool, req_to_token)
@@ -79,6 +88,10 @@ class TritonAttentionBackend(AttentionBackend):
         # CUDA graphs: kv_starts [N], block members [max_blocks(N), M], block rows, block lens
         self._static: tuple[torch.Tensor, ...] | None = None
         self._window_splits: dict[tuple[int, int], int] = {}  # (batch size, window) -> splits
+        # [num_full_slots] int64: a hybrid pool's full slot -> SWA slot (windowed layers' rows)
+        self.slot_map = pool.full_to_swa if isinstance(pool, HybridKVPool) else None
+        # a windowed layer's new tokens' SWA slots [T], mapped at its first use in a step (see _slots)
+        self._mapped_loc: tuple[torch.Tensor, bool] | None = None
 
     @property
     def _context(self) -> int:
@@ -103,6 +116,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def prepare_graph(self, batch: ForwardBatch, shared: bool = False) -> None:
         self.decode = True
+        self._mapped_loc = None
         bs = batch.batch_size
         self.num_kv_splits = self._splits(bs)
         self.kv_starts, self.shared = None, None
@@ -136,6 +150,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     def prepare(self, batch: ForwardBatch) -> None:
         self.decode = all(n == 1 for n in batch.extend_lens_cpu)
+        self._mapped_loc = None
         self.kv_starts, self.shared = None, None
         if self.decode:
             if self.shared_prefix and batch.shared is not None:
@@ -177,9 +192,10 @@ class TritonAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         k_buf, v_buf = self.pool.k[layer], self.pool.v[layer]
         if not kv_stored:
-            store_kv(k, v, k_buf, v_buf, batch.out_cache_loc)
+            store_kv(k, v, k_buf, v_buf, self._slots(layer, batch))
         if self.decode:
             return self._decode(q, layer, batch, scale, window=sliding_window)
+        slot_map = self._map(layer)
         out = torch.empty_like(q)
         p, t = self.num_extend, self.extend_tokens
         if self.work is None and self.use_work:
@@ -203,6 +219,7 @@ class TritonAttentionBackend(AttentionBackend):
             max_extend_len=self.max_extend,
             work=self.work,
             window=sliding_window,
+            slot_map=slot_map,
         )
         if t < q.shape[0]:  # the decodes after them
             splits = self.num_kv_splits
@@ -217,9 +234,14 @@ class TritonAttentionBackend(AttentionBackend):
                 self.tail_lens,
                 out[t:],
                 scale,
-                DecodePlan(splits, window=sliding_window),
+                DecodePlan(splits, window=sliding_window, slot_map=slot_map),
             )
         return out
+
+    def kv_store_target(
+        self, layer: int, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.pool.k[layer], self.pool.v[layer], self._slots(layer, batch)
 
     def rotates(self, batch: ForwardBatch) -> bool:
         return self.decode and self.shared is None
@@ -256,16 +278,41 @@ class TritonAttentionBackend(AttentionBackend):
         window: int | None = None,
     ) -> torch.Tensor:
         """A decode step's attention (q and the new k rotated here too with `rope`); a windowed
-        layer walks each request's window alone, without the shared-prefix grouping."""
-        if window is None:
+        layer walks each request's window alone, without the shared-prefix grouping (and a
+        hybrid pool's windowed layer through the slot map: `rope` stores at the mapped slot)."""
+        slot_map = self._map(layer)
+        if window is None and slot_map is None:
             plan = DecodePlan(self.num_kv_splits, shared=self.shared, kv_starts=self.kv_starts,
                               rope=rope, l2_prefetch=hint)  # fmt: skip
         else:
-            splits = self._splits(batch.batch_size, window)
-            plan = DecodePlan(splits, rope=rope, l2_prefetch=hint, window=window)
+            splits = self.num_kv_splits
+            if window is not None:
+                splits = self._splits(batch.batch_size, window)
+            plan = DecodePlan(splits, rope=rope, l2_prefetch=hint, window=window,
+                              slot_map=slot_map)  # fmt: skip
         return decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.req_to_token,
                                 batch.req_rows, batch.seq_lens, torch.empty_like(q), scale,
                                 plan)  # fmt: skip
+
+    def _map(self, layer: int) -> torch.Tensor | None:
+        """The slot map of this layer's buffers: the pool's full_to_swa for a windowed layer of
+        a hybrid pool, else None (the kernels read req_to_token's slots directly)."""
+        return self.slot_map if self.pool.is_windowed(layer) else None
+
+    def _slots(self, layer: int, batch: ForwardBatch) -> torch.Tensor:
+        """Where this layer stores the step's new tokens: out_cache_loc, or for a windowed layer
+        of a hybrid pool slot_map[out_cache_loc], gathered once per step for all of them.
+
+        NOTE: the gather runs on the device inside the forward, so a CUDA graph captures it and
+        each replay maps the replayed out_cache_loc through the map as flushed for that step.
+        A gather made outside a capture (the warm-up runs after prepare_graph) is never reused
+        inside one, nor the captured one outside it: each side gathers again."""
+        if self.slot_map is None or not self.pool.is_windowed(layer):
+            return batch.out_cache_loc
+        capturing = _capturing(self.device)
+        if self._mapped_loc is None or self._mapped_loc[1] != capturing:
+            self._mapped_loc = (self.pool.slots_for(layer, batch.out_cache_loc), capturing)
+        return self._mapped_loc[0]
 
     def _eager_plan(self, plan: SharedPrefixPlan) -> tuple[torch.Tensor, SharedPrefix]:
         starts, members, rows, lens = self._upload(plan, len(plan.kv_starts), plan.num_blocks)
@@ -294,3 +341,8 @@ class TritonAttentionBackend(AttentionBackend):
 
     def _zeros(self, *shape: int) -> torch.Tensor:
         return torch.zeros(*shape, dtype=torch.int32, device=self.device)
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on the current stream of `device`."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()

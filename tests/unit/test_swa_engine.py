@@ -1,0 +1,123 @@
+"""The hybrid sliding-window KV pool in in-process schedulers on a tiny random model whose layers
+mix windowed (window 8) and global attention (torch backend, CPU): greedy outputs equal the plain
+pool's token for token, with prompts past the window, shared prefixes, chunked prefill and a pool
+short enough to retract; the KV of both pools is conserved; the same memory holds more tokens."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import save_tiny_llama
+
+from weft.runtime.config import EngineConfig
+from weft.runtime.executor import model_runner
+from weft.runtime.executor.swa_memory import SWAPageAllocator
+from weft.runtime.ipc.messages import TokenizedGenerateReq
+from weft.runtime.sampling_params import SamplingParams
+from weft.runtime.scheduler.scheduler import Scheduler
+
+WINDOW = 8
+WINDOWED = [True, True, True, False]  # three windowed layers per global one
+
+
+@pytest.fixture(scope="module")
+def mixed_model_dir(tmp_path_factory: pytest.TempPathFactory, default_model_dir: Path) -> Path:
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-swa"), default_model_dir,
+                           num_hidden_layers=len(WINDOWED))  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def mixed_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built models get WINDOWED's sliding windows (as Gemma 3's layers mix them)."""
+    build = model_runner.build_model
+
+    def build_mixed(*args: Any, **kwargs: Any) -> Any:
+        model = build(*args, **kwargs)
+        for layer, windowed in zip(model.layers, WINDOWED, strict=True):
+            layer.self_attn.sliding_window = WINDOW if windowed else None
+        return model
+
+    monkeypatch.setattr(model_runner, "build_model", build_mixed)
+
+
+def workload() -> list[tuple[list[int], SamplingParams]]:
+    rng = random.Random(3)
+    shared = [rng.randrange(50, 3000) for _ in range(40)]
+    out = []
+    for i in range(12):
+        head = shared[: rng.choice([13, 22, 31, 40])] if i % 3 else []
+        prompt = head + [rng.randrange(50, 3000) for _ in range(rng.randrange(6, 30))]
+        params = SamplingParams(temperature=0, max_new_tokens=rng.randrange(8, 28))
+        out.append((prompt, params))
+    return out
+
+
+def run(model: Path, **config: Any) -> tuple[dict[str, list[int]], Scheduler]:
+    sched = Scheduler(EngineConfig(model=str(model), cpu_threads=1, **config), model, None)
+    done: dict[str, list[int]] = {}
+
+    def emit(reqs: list[Any]) -> None:
+        for r in reqs:
+            if r.finished:
+                done[r.rid] = list(r.output_ids)
+
+    sched.emit = emit  # type: ignore[method-assign]
+    items = workload()
+    for i, (ids, params) in enumerate(items[:4]):  # these first: later ones share their prefix
+        sched.add_request(TokenizedGenerateReq(f"r{i}", ids, params, params.max_new_tokens or 0))
+    steps = 0
+    while sched.has_work():
+        if steps == 30:
+            for i, (ids, params) in enumerate(items[4:], start=4):
+                msg = TokenizedGenerateReq(f"r{i}", ids, params, params.max_new_tokens or 0)
+                sched.add_request(msg)
+        sched.process_results(sched.launch(sched.schedule()))
+        steps += 1
+        assert steps < 3000, "the scheduler does not finish"
+    sched.settle()
+    sched.cache.check_conservation()
+    assert len(done) == len(items)
+    return done, sched
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_hybrid_pool_outputs_equal_the_plain_pools(mixed_model_dir: Path, page_size: int) -> None:
+    common: dict[str, Any] = {"page_size": page_size, "chunked_prefill_size": 16,
+                              "max_prefill_tokens": 32, "max_total_tokens": 160,
+                              "init_new_token_ratio": 0.05}  # fmt: skip
+    plain, ref = run(mixed_model_dir, disable_hybrid_swa_memory=True, **common)
+    assert not isinstance(ref.runner.allocator, SWAPageAllocator)
+    hybrid, sched = run(mixed_model_dir, swa_full_tokens_ratio=0.2, **common)
+    alloc = sched.runner.allocator
+    assert isinstance(alloc, SWAPageAllocator) and alloc.window == WINDOW
+    assert alloc.swa_total_slots < alloc.total_slots
+    assert ref.stats["retractions"] > 0  # an optimistic ratio: the full pool was short
+    assert sched.cache.swa is not None and sched.cache.swa.reclaimed > 0  # the SWA pool too
+    assert sched.runner.num_forward_tokens < sum(len(p) + n.max_new_tokens for p, n in workload())
+    assert hybrid == plain
+    info = sched.state()
+    assert info["max_total_swa_tokens"] == alloc.swa_total_slots and info["swa_window"] == WINDOW
+
+
+def test_same_memory_holds_more_tokens(mixed_model_dir: Path) -> None:
+    budget: dict[str, Any] = {"kv_cache_bytes": 1 << 20, "chunked_prefill_size": 16,
+                              "max_prefill_tokens": 32}  # fmt: skip
+    plain = Scheduler(EngineConfig(model=str(mixed_model_dir), disable_hybrid_swa_memory=True,
+                                   **budget), mixed_model_dir, None)  # fmt: skip
+    hybrid = Scheduler(EngineConfig(model=str(mixed_model_dir), swa_full_tokens_ratio=0.5,
+                                    **budget), mixed_model_dir, None)  # fmt: skip
+    # one global and three windowed layers: full × (1 + 3 × 0.5) = 4 layers' worth of plain
+    gain = hybrid.max_total_tokens / plain.max_total_tokens
+    assert gain == pytest.approx(4 / 2.5, rel=0.01)
+    alloc = hybrid.runner.allocator
+    assert isinstance(alloc, SWAPageAllocator)
+    assert alloc.swa_total_slots == pytest.approx(0.5 * alloc.total_slots, rel=0.01)
+
+
+def test_speculative_decoding_is_refused_on_the_hybrid_pool(mixed_model_dir: Path) -> None:
+    config = EngineConfig(model=str(mixed_model_dir), speculative_algorithm="ngram")
+    with pytest.raises(ValueError, match="disable_hybrid_swa_memory"):
+        Scheduler(config, mixed_model_dir, None)
