@@ -18,6 +18,7 @@ from weft.constrain.llguidance_matcher import LLGuidanceMatcher
 from weft.constrain.llguidance_prefetch import MaskWorker
 from weft.constrain.regex_text import ascii_digits, lark_ascii_digits
 from weft.constrain.schema import llguidance_keywords, without_patterns, without_remote_refs
+from weft.constrain.schema_paths import integral_counts, located
 from weft.constrain.spec import GrammarSpec
 from weft.constrain.structural_format import format_grammar, format_texts
 from weft.constrain.structural_tag import structural_tag_format
@@ -48,6 +49,9 @@ def remote_ref_refusal(uri: str) -> str:
 
 class LLGuidanceBackend(GrammarBackend):
     name = "llguidance"
+    # weft's rewrites of valid schemas the library misreads (schema_paths.integral_counts); off
+    # only to measure the library alone (constrain/conformance.py's llguidance-strict)
+    rewrites = True
 
     def __init__(
         self,
@@ -80,7 +84,7 @@ class LLGuidanceBackend(GrammarBackend):
         return (*super().cache_key, self._json_whitespace)
 
     def compile(self, spec: GrammarSpec, timeout_s: float | None = None) -> CompiledGrammar:
-        matcher, dropped, structure_ids = self._repaired_matcher(spec)
+        matcher, dropped, structure_ids = self._repaired_matcher(self._rewritten(spec))
         unenforced = (
             dropped + llguidance_keywords(matcher.get_grammar_warnings())
             if spec.kind in ("json_schema", "structural_tag")
@@ -92,6 +96,14 @@ class LLGuidanceBackend(GrammarBackend):
         if matcher.is_error():
             raise self._refusal(spec, matcher.get_error())
         return compiled
+
+    def _rewritten(self, spec: GrammarSpec) -> GrammarSpec:
+        """`spec` with weft's rewrites applied (itself if none applies)."""
+        if spec.kind != "json_schema" or not self.rewrites:
+            return spec
+        schema = json.loads(spec.spec)
+        fixed = integral_counts(schema)
+        return spec if fixed is schema else GrammarSpec.json_schema(fixed, spec.strict)
 
     def _matcher(self, spec: GrammarSpec) -> tuple[Any, frozenset[int]]:
         """A matcher for `spec`, and the structure tokens its grammar writes (structural tags)."""
@@ -139,7 +151,7 @@ class LLGuidanceBackend(GrammarBackend):
         if not isinstance(uri, str) or f"Resource '{uri}'" not in error:
             return None
         if self.strict_for(spec):
-            why = f"unknown JSON Schema dialect ($schema {uri!r})"
+            why = f"unknown JSON Schema dialect ($schema {uri!r} at #/$schema)"
             raise GrammarError(why + self._strict_note(spec), ["$schema"])
         return {k: v for k, v in schema.items() if k != "$schema"}, ["$schema"]
 
@@ -153,7 +165,9 @@ class LLGuidanceBackend(GrammarBackend):
         if not removed:  # NOTE: a $ref where the walker does not look: refused, never a loop
             return None
         if self.strict_for(spec):
-            raise GrammarError(remote_ref_refusal(uri) + self._strict_note(spec), [f"$ref:{uri}"])
+            where = located(schema, [f"$ref:{uri}"]).partition(" ")[2]
+            why = remote_ref_refusal(uri) + (f" {where}" if where else "")
+            raise GrammarError(why + self._strict_note(spec), [f"$ref:{uri}"])
         return plain, [f"$ref:{uri}"]
 
     def _drop_bad_patterns(
@@ -230,7 +244,7 @@ class LLGuidanceBackend(GrammarBackend):
             "Unimplemented keys" in message or message.startswith(("Unknown format", "oneOf"))
         ):
             keywords = llguidance_keywords([message])
-            why = f"unsupported JSON schema keyword(s): {', '.join(keywords)}"
+            why = f"unsupported JSON schema keyword(s): {located(_schema_of(spec), keywords)}"
             return GrammarError(why + self._strict_note(spec), keywords)
         text = message.strip()[:500]
         remote = _REMOTE.search(text)
@@ -239,6 +253,11 @@ class LLGuidanceBackend(GrammarBackend):
         if "too big" in text or "limit" in text or "fuel" in text:
             return GrammarError(f"{spec.kind} is too complex to compile: {text}")
         return GrammarError(f"invalid {spec.kind}: {text}")
+
+
+def _schema_of(spec: GrammarSpec) -> Any:
+    """The schema a json_schema spec holds (None for other kinds: nothing to locate)."""
+    return json.loads(spec.spec) if spec.kind == "json_schema" else None
 
 
 class LLGuidanceGrammar(CompiledGrammar):

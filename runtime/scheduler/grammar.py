@@ -76,7 +76,9 @@ class GrammarQueue:
                     self.tokenizer,
                     self.vocab_size,
                     self.stop_ids,
-                    strict=self.config.strict_schemas,
+                    strict=(
+                        self.config.grammar_strictness == "strict" or self.config.strict_schemas
+                    ),
                     # NOTE: forced tokens are sampled through masks unless jump-forward runs
                     # (the scheduler's rule), so their masks are prefetched too
                     prefetch_forced=(

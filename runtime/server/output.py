@@ -61,6 +61,15 @@ class ReqState:
             self.finished = True
 
 
+def schema_to_check(state: ReqState) -> str | None:
+    """The JSON schema that a finished output is validated against, once (its meta_info gets
+    `schema_valid` and, unless true, `schema_error`: constrain/validation.py), whatever the
+    grammar left unenforced; None when there is nothing (more) to check."""
+    if not state.finished or state.rejected is not None or "schema_valid" in state.meta:
+        return None
+    return state.spec.params.json_schema
+
+
 def build_output(
     tokenizer: Any, state: ReqState, final: bool, pieces: list[StrOut] | None = None
 ) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from weft.constrain.validation import check_output
 from weft.runtime.ipc.messages import (
     AbortReq,
     BatchGenerateReq,
@@ -32,7 +33,7 @@ from weft.runtime.ipc.messages import (
 from weft.runtime.loader.model_info import ModelInfo
 from weft.runtime.server.generate_input import GenerateInput, PromptSpec, no_tokenizer
 from weft.runtime.server.limits import RequestLimits, check_text_fits, max_chars_per_token
-from weft.runtime.server.output import ReqState, build_output
+from weft.runtime.server.output import ReqState, build_output, schema_to_check
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +244,10 @@ class TokenizerManager:
 
     async def _output(self, state: ReqState, final: bool) -> dict[str, Any]:
         """build_output, on a tokenizer thread when it decodes logprob token texts (a prompt's
-        input logprobs may be many thousands); the pieces are taken here, on the loop."""
+        input logprobs may be many thousands); the pieces are taken here, on the loop. A
+        finished JSON-schema output is validated first, on a thread (output.schema_to_check)."""
+        if self.tokenizer is not None and (schema := schema_to_check(state)) is not None:
+            state.meta.update((await self.run_blocking(check_output, schema, state.text)).meta())
         if not (state.spec.return_logprob and state.spec.return_text_in_logprobs):
             return build_output(self.tokenizer, state, final)
         pieces, state.pieces = state.pieces, []

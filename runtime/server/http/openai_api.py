@@ -23,6 +23,7 @@ from weft.runtime.server.http.openai_results import (
     finish_of,
     legacy_logprobs,
     logprob_rows,
+    schema_fields,
     usage_of,
 )
 from weft.runtime.server.http.responses import held_stream, openai_stream, unenforced_headers
@@ -122,7 +123,8 @@ async def completions(request: Request) -> Response:
         if req.logprobs is not None:
             logprobs = legacy_logprobs(*logprob_rows(meta, req.echo), offset=0)
         text = (echoes[k // req.n] if req.echo else "") + out.get("text", "")
-        choices.append(_choice(k, text, logprobs, reason, matched, _ids_without_text(out)))
+        choice = _choice(k, text, logprobs, reason, matched, _ids_without_text(out))
+        choices.append({**choice, **schema_fields(meta)})
     body = {**head, "choices": choices, "usage": usage(state, req, metas)}
     return JSONResponse(body, headers=unenforced_headers(metas.values()))
 
@@ -169,7 +171,8 @@ async def _completion_chunks(
             ids = _ids_without_text(delta)
             if not text and not ids and reason is None and not (logprobs and logprobs["tokens"]):
                 continue
-            chunk = {**head, "choices": [_choice(k, text, logprobs, reason, matched, ids)]}
+            choice = _choice(k, text, logprobs, reason, matched, ids)
+            chunk = {**head, "choices": [{**choice, **schema_fields(meta, reason is not None)}]}
             yield with_usage(chunk, state, req, metas, continuous=True)
     if req.stream_options is not None and req.stream_options.include_usage:
         yield with_usage({**head, "choices": []}, state, req, metas, continuous=False)

@@ -25,7 +25,12 @@ from weft.runtime.server.http.openai_api import (
     with_usage,
 )
 from weft.runtime.server.http.openai_protocol import ChatCompletionRequest
-from weft.runtime.server.http.openai_results import chat_logprobs, finish_of, logprob_rows
+from weft.runtime.server.http.openai_results import (
+    chat_logprobs,
+    finish_of,
+    logprob_rows,
+    schema_fields,
+)
 from weft.runtime.server.http.responses import held_stream, openai_stream, unenforced_headers
 from weft.runtime.server.http.state import AppState
 from weft.runtime.server.http.tool_calls import (
@@ -130,7 +135,8 @@ async def chat_completions(request: Request) -> Response:
         choice: dict[str, Any] = {"index": k, "message": message, "logprobs": None}
         if req.logprobs:
             choice["logprobs"] = chat_logprobs(rt.tokenizer, *logprob_rows(meta, echo=False))
-        choices.append({**choice, "finish_reason": reason, "matched_stop": matched})
+        choice.update(finish_reason=reason, matched_stop=matched, **schema_fields(meta))
+        choices.append(choice)
     body = {**head, "choices": choices, "usage": usage(state, req, metas)}
     return JSONResponse(body, headers=unenforced_headers(metas.values()))
 
@@ -158,6 +164,7 @@ async def _chat_chunks(
             "logprobs": logprobs,
             "finish_reason": reason,
             "matched_stop": matched,
+            **schema_fields(metas[k], reason is not None),
         }
         return with_usage({**head, "choices": [choice]}, state, req, metas, continuous=True)
 

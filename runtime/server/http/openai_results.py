@@ -20,6 +20,18 @@ def finish_of(meta: Mapping[str, Any]) -> tuple[str | None, int | str | None]:
     return kind, reason.get("matched") if kind == "stop" else None
 
 
+def schema_fields(meta: Mapping[str, Any], finished: bool = True) -> dict[str, Any]:
+    """weft's fields on a finished choice of a JSON-schema request (clients may ignore them):
+    `schema_valid` (the output validated against the full schema; null: it could not be
+    checked) and, unless true, `schema_error` {path, keyword_path, message}."""
+    if not finished or "schema_valid" not in meta:
+        return {}
+    out = {"schema_valid": meta["schema_valid"]}
+    if "schema_error" in meta:
+        out["schema_error"] = meta["schema_error"]
+    return out
+
+
 def usage_of(
     metas: Mapping[int, Mapping[str, Any]], n: int, report_cached: bool, force_cached: bool = False
 ) -> dict[str, Any]:

@@ -1,0 +1,88 @@
+"""Validating a finished output against its full JSON schema (the `jsonschema` package): what the
+server reports as `schema_valid` / `schema_error`, whatever the grammar left unenforced."""
+
+from __future__ import annotations
+
+import functools
+import json
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+import jsonschema.exceptions
+
+VALIDATOR_CACHE = 256  # compiled validators kept, by schema text
+
+
+@dataclass(frozen=True)
+class SchemaCheck:
+    """The verdict on one output: `valid` None when the schema itself could not be checked (e.g. a
+    remote $ref, which is never fetched). `path`: the JSON pointer of the first failing instance
+    location ("" is the whole document); `keyword_path`: the pointer of the failing keyword in the
+    schema."""
+
+    valid: bool | None
+    path: str = ""
+    keyword_path: str = ""
+    message: str = ""
+
+    def meta(self) -> dict[str, Any]:
+        """The meta_info keys: `schema_valid`, and `schema_error` unless valid."""
+        out: dict[str, Any] = {"schema_valid": self.valid}
+        if self.valid is not True:
+            out["schema_error"] = {
+                "path": self.path,
+                "keyword_path": self.keyword_path,
+                "message": self.message,
+            }
+        return out
+
+
+def check_output(schema_text: str, text: str) -> SchemaCheck:
+    """Whether `text` is one JSON document valid under `schema_text` (JSON text of a schema).
+    Formats are asserted where jsonschema can check them (the grammar enforces them too)."""
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except (json.JSONDecodeError, ValueError, RecursionError) as e:
+        return SchemaCheck(False, message=f"the output is not one JSON document: {e}")
+    try:
+        validator = _validator(schema_text)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    except RecursionError:
+        return SchemaCheck(None, message="the schema could not be checked: it recurses too deeply")
+    except Exception as e:  # NOTE: an unresolvable $ref, a regex Python cannot read: reported
+        return SchemaCheck(None, message=f"the schema could not be checked: {_short(e)}")
+    if error is None:
+        return SchemaCheck(True)
+    return SchemaCheck(
+        False,
+        path=_pointer(error.absolute_path),
+        keyword_path=_pointer(error.absolute_schema_path),
+        message=_short(error.message),
+    )
+
+
+##### Internal Helper Functions #####
+
+
+@functools.lru_cache(maxsize=VALIDATOR_CACHE)
+def _validator(schema_text: str) -> Any:
+    schema = json.loads(schema_text)
+    with warnings.catch_warnings():  # an unknown $schema: read as 2020-12 (as the grammar does)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _pointer(parts: Any) -> str:
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _short(e: BaseException | str) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 300 else text[:297] + "..."
