@@ -201,20 +201,80 @@ def _write_config_and_tokenizer(header: GGUFHeader, folder: Path) -> None:
         config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     tied = all(t.name != "output.weight" for t in header.tensors)
     assert config.tie_word_embeddings == tied, (config.tie_word_embeddings, tied)
+    if header.architecture == "gemma3":
+        gemma3_config(config, header)
     config.save_pretrained(folder)
 
     tokenizer = _tokenizer_class(config).from_pretrained(src, gguf_file=name, local_files_only=True)
+    meta = header.metadata
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    if header.architecture == "gemma3":
+        eos = gemma3_chat(tokenizer, eos)
     tokenizer.save_pretrained(folder)
     if "tokenizer.chat_template" in header.metadata and not _has_chat_template(folder):
         raise ValueError(f"{header.path}: the chat template was lost converting the tokenizer")
 
-    meta = header.metadata
     GenerationConfig(
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+        eos_token_id=eos,
         pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
     ).save_pretrained(folder)
     logger.info("config and tokenizer from GGUF metadata in %.1f s", time.perf_counter() - start)
+
+
+def gemma3_config(config: PretrainedConfig, header: GGUFHeader) -> None:
+    """What a gemma3 GGUF does not hold, as llama.cpp assumes it (transformers' GGUF config
+    already has Gemma 3's published defaults: a global layer every 6th, local rope base 10000):
+    the attention scale from head_dim (hidden / heads for the 62-layer 27B), and the global
+    layers' linear rope scaling (4B and up)."""
+    heads, layers = int(config.num_attention_heads), int(config.num_hidden_layers)
+    head_dim = int(header.arch_value("attention.key_length", config.head_dim))
+    config.head_dim = head_dim
+    config.query_pre_attn_scalar = config.hidden_size // heads if layers == 62 else head_dim
+    kind, factor = header.arch_value("rope.scaling.type"), header.arch_value("rope.scaling.factor")
+    if kind not in (None, "none") and factor not in (None, 1.0):
+        if kind != "linear":
+            raise ValueError(f"{header.path}: gemma3 rope scaling {kind!r} is not supported")
+        config.rope_parameters["full_attention"].update(rope_type="linear", factor=float(factor))
+
+
+# Gemma's chat format (Google's Gemma 3 template, text parts only): a system prompt folded into the
+# first user turn, the assistant named "model", BOS at the start
+GEMMA_CHAT_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- set role = "model" if message['role'] == 'assistant' else message['role'] -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {{- message['content'] | trim }}
+    {{- '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{ '<start_of_turn>model\n' }}
+{%- endif -%}
+"""
+
+
+def gemma3_chat(tokenizer: PreTrainedTokenizerBase, eos: int | None) -> int | list[int] | None:
+    """The chat-template fallback for Gemma 3: a gemma3 GGUF without a template of its own (the
+    base models) gets GEMMA_CHAT_TEMPLATE, written with the tokenizer into the converted folder,
+    so every consumer of the folder's tokenizer (the server's chat routes, the DSL's chat roles)
+    renders Gemma's turns. Returns the generation config's EOS ids: the file's plus
+    <end_of_turn>, where a turn ends (llama.cpp stops there too)."""
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = GEMMA_CHAT_TEMPLATE
+    end = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    if not isinstance(end, int) or end == tokenizer.unk_token_id or eos is None or end == eos:
+        return eos
+    return [int(eos), end]
 
 
 def _tokenizer_class(config: PretrainedConfig) -> type[PreTrainedTokenizerBase]:

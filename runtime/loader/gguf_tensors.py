@@ -1,5 +1,6 @@
 """GGUF tensors read straight from the file (memmap) for a model that keeps them quantized: raw
-blocks for the quant types, float32 for the rest; llama's q/k row permutation undone by rows."""
+blocks for the quant types, float32 for the rest; llama's q/k row permutation undone by rows,
+Gemma's norm offset (1 + w) removed from its float norms."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from weft.runtime.loader.gguf_weights import (
     _head_counts,
     check_supported,
     hf_name,
+    norm_offset,
 )
 
 _FLOATS = {
@@ -28,12 +30,13 @@ _FLOATS = {
 
 class BlockTensor:
     """One GGUF tensor (a LazyWeight): `shape` in torch order (weights [out, in]), its ggml type,
-    and reads of a slice as raw blocks or as float32. Its bytes come from `source()` when read
-    (a file's memmap, or blocks in memory for dummy weights)."""
+    and reads of a slice as raw blocks or as float32 (plus `offset`: Gemma's norms, stored as
+    1 + w). Its bytes come from `source()` when read (a file's memmap, or blocks in memory for
+    dummy weights)."""
 
     def __init__(self, name: str, shape: tuple[int, ...], ggml_id: int,
                  source: Callable[[], torch.Tensor], device: torch.device,
-                 row_perm: torch.Tensor | None = None) -> None:  # fmt: skip
+                 row_perm: torch.Tensor | None = None, offset: float = 0.0) -> None:  # fmt: skip
         self.name = name
         self.shape = shape
         self.ggml_id = ggml_id
@@ -41,6 +44,7 @@ class BlockTensor:
         self.device = device
         self._source = source  # uint8, the tensor's bytes
         self._perm = row_perm  # HF row i is the stored row row_perm[i]
+        self.offset = offset  # added to the float values (never to raw blocks)
 
     @classmethod
     def of_blocks(cls, name: str, shape: tuple[int, ...], ggml_id: int,
@@ -61,8 +65,9 @@ class BlockTensor:
     def read_blocks(self, dim: int, start: int, size: int) -> torch.Tensor:
         """uint8 [rows, bytes] of elements [start, start + size) along dim (-1: all) of a 2-D
         weight; a slice along the rows' length must cover whole blocks."""
-        if len(self.shape) != 2:
-            raise ValueError(f"{self.name}: only 2-D tensors are kept as blocks")
+        if len(self.shape) != 2 or self.offset:
+            raise ValueError(f"{self.name}: only 2-D tensors without an offset are kept as "
+                             "blocks")  # fmt: skip
         rows = self.shape[0]
         block, nbytes = GGML_QUANT_SIZES[self.qtype]
         raw = self._source().reshape(rows, self.row_bytes)
@@ -92,6 +97,8 @@ class BlockTensor:
                              "GGUF kernels; pass dequantize=True")  # fmt: skip
         if self._perm is not None:
             full = full[self._perm.to(full.device)]
+        if self.offset:
+            full = full + self.offset
         if dim >= 0:
             full = full.narrow(dim, start, size)
         return full.contiguous().to(self.device)
@@ -100,7 +107,7 @@ class BlockTensor:
 def gguf_tensor_types(header: GGUFHeader) -> dict[str, int]:
     """HF name -> ggml type id of every parameter the file holds."""
     check_supported(header)
-    names = ((hf_name(t.name), int(t.qtype)) for t in header.tensors)
+    names = ((hf_name(t.name, header.architecture), int(t.qtype)) for t in header.tensors)
     return {name: qtype for name, qtype in names if name is not None}
 
 
@@ -112,14 +119,15 @@ def iterate_gguf(
     check_supported(header)
     data = np.memmap(header.path, dtype=np.uint8, mode="r")
     heads = _head_counts(header) if header.architecture in _PERMUTED_ARCHITECTURES else {}
+    arch = header.architecture
     for info in header.tensors:
-        name = hf_name(info.name)
+        name = hf_name(info.name, arch)
         if name is None:
             continue
         part = info.name.split(".")[2] if info.name.startswith("blk.") else ""
         perm = _rope_rows(info.shape[0], heads[part]) if part in heads else None
         yield name, BlockTensor(info.name, info.shape, int(info.qtype), _reader(data, info),
-                                torch.device(device), perm)  # fmt: skip
+                                torch.device(device), perm, norm_offset(info.name, arch))  # fmt: skip
 
 
 def _reader(data: np.memmap, info: TensorInfo) -> Callable[[], torch.Tensor]:

@@ -1,4 +1,5 @@
-"""GGUF tensors -> HF-named fp32 arrays (dequantized, rope layout undone) -> safetensors shards."""
+"""GGUF tensors -> HF-named fp32 arrays (dequantized, rope layout undone, Gemma's norm offset
+removed) -> safetensors shards."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from weft.runtime.loader.gguf_header import GGUFHeader, TensorInfo
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 # llama.cpp's converter interleaves the rotary halves of q and k for these architectures only
 # (transformers' GGUF loader undoes it for exactly the same set).
 _PERMUTED_ARCHITECTURES = ("llama",)
@@ -40,6 +41,16 @@ _PER_LAYER = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+# Gemma 3 names its four norms per layer differently: ffn_norm is the pre-MLP norm there
+_PER_LAYER_GEMMA3 = {
+    **_PER_LAYER,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# NOTE: llama.cpp's converter stores Gemma's norm weights as 1 + w (its graph multiplies by the
+# weight; HF's Gemma3RMSNorm by 1 + w), as transformers' GGUF loader undoes too
+_NORM_OFFSET_ARCHITECTURES = ("gemma3",)
 _IGNORED = {"rope_freqs.weight"}  # llama3 rope factors: a config value in HF, not a parameter
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
@@ -56,22 +67,33 @@ def check_supported(header: GGUFHeader) -> None:
     if header.architecture not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
             f"{header.path}: GGUF architecture {header.architecture!r} is not supported; "
-            f"weft converts {', '.join(SUPPORTED_ARCHITECTURES)} (Llama/Mistral/SmolLM/Qwen2/Qwen3)"
+            f"weft converts {', '.join(SUPPORTED_ARCHITECTURES)} "
+            "(Llama/Mistral/SmolLM/Qwen2/Qwen3/Gemma 3)"
         )
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The HF parameter name of a GGUF tensor; None for tensors HF has no parameter for."""
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The HF parameter name of a GGUF tensor of architecture `arch`; None for tensors HF has
+    no parameter for."""
     if gguf_name in _IGNORED:
         return None
     stem, _, suffix = gguf_name.rpartition(".")
     if stem in _TOP_LEVEL and suffix in ("weight", "bias"):
         return f"{_TOP_LEVEL[stem]}.{suffix}"
+    per_layer = _PER_LAYER_GEMMA3 if arch == "gemma3" else _PER_LAYER
     match = _LAYER_NAME.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _PER_LAYER:
+    if match is None or match.group(2) not in per_layer:
         raise ValueError(f"GGUF tensor {gguf_name!r} has no known HF name")
     layer, part, suffix = match.groups()
-    return f"model.layers.{layer}.{_PER_LAYER[part]}.{suffix}"
+    return f"model.layers.{layer}.{per_layer[part]}.{suffix}"
+
+
+def norm_offset(gguf_name: str, arch: str) -> float:
+    """What to add to a GGUF tensor to get HF's values: -1 for Gemma's norm weights (stored as
+    1 + w), else 0."""
+    if arch in _NORM_OFFSET_ARCHITECTURES and gguf_name.endswith("norm.weight"):
+        return -1.0
+    return 0.0
 
 
 def unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -90,15 +112,19 @@ def iter_hf_tensors(header: GGUFHeader) -> Iterator[tuple[str, np.ndarray]]:
     check_supported(header)
     data = np.memmap(header.path, dtype=np.uint8, mode="r")
     heads = _head_counts(header)
+    arch = header.architecture
     for info in header.tensors:
-        name = hf_name(info.name)
+        name = hf_name(info.name, arch)
         if name is None:
             logger.debug("skipping GGUF tensor %s (no HF parameter)", info.name)
             continue
         w = _dequantize(data, info)
         part = info.name.split(".")[2] if info.name.startswith("blk.") else ""
-        if header.architecture in _PERMUTED_ARCHITECTURES and part in heads:
+        if arch in _PERMUTED_ARCHITECTURES and part in heads:
             w = unpermute_rope(w, heads[part])
+        offset = norm_offset(info.name, arch)
+        if offset:
+            w = w.astype(np.float32) + np.float32(offset)
         yield name, np.ascontiguousarray(w, dtype=np.float32)
 
 
@@ -160,7 +186,7 @@ def _plan_shards(header: GGUFHeader) -> dict[str, int]:
     plan: dict[str, int] = {}
     shard, used = 0, 0
     for info in header.tensors:
-        name = hf_name(info.name)
+        name = hf_name(info.name, header.architecture)
         if name is None:
             continue
         nbytes = info.numel * 4

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from weft.runtime.models import llama, moe
+from weft.runtime.models import gemma3, llama, moe
 from weft.runtime.models.family import ModelFamily, family_of, supported_architectures
 from weft.runtime.models.layers import Projection, RotaryEmbedding
 from weft.runtime.models.llama import LlamaForCausalLM
@@ -19,6 +19,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     llama.FAMILY,
     moe.QWEN3_MOE_FAMILY,
     moe.MIXTRAL_FAMILY,
+    gemma3.FAMILY,
 )
 
 

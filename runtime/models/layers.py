@@ -1,5 +1,5 @@
-"""Building blocks shared by our models: projections, RMSNorm, rotary embedding (incl. Llama 3.1
-scaling), SiLU-and-mul."""
+"""Building blocks shared by our models: projections, RMSNorm (and Gemma's), rotary embedding (incl.
+Llama 3.1 scaling), SiLU-and-mul, GELU-and-mul."""
 
 from __future__ import annotations
 
@@ -124,10 +124,32 @@ class RMSNorm(nn.Module):
         return self.forward(residual), residual
 
 
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: `x / rms(x) * (1 + w)` in float32, rounded once to x's dtype (HF's
+    Gemma3RMSNorm; checkpoints hold w centred on 0). `add_forward` is RMSNorm's unfused one.
+
+    NOTE: no Triton kernel: weft's rmsnorm kernel computes Llama's `round(x / rms(x)) * w`, which
+    rounds differently in bf16, so `use_kernels` leaves this module on torch ops."""
+
+    def use_kernels(self, pdl: bool) -> None:
+        """Stays on torch ops (see the class note)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     # gate_up: [T, 2 * I] -> [T, I]
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    # gate_up: [T, 2 * I] -> [T, I]; GeGLU with the tanh approximation (HF's gelu_pytorch_tanh)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 def rope_parameters(config: Any) -> dict[str, Any]:

@@ -171,6 +171,29 @@ def test_qwen3_tensors_not_permuted(tmp_path):
     assert np.array_equal(got["model.layers.3.self_attn.q_norm.weight"], q_norm)
 
 
+def test_gemma3_names_and_norm_offset(tmp_path):
+    """gemma3: its four norms per layer named (ffn_norm is the pre-MLP norm there), q/k not
+    permuted, norm weights stored as 1 + w read back as w, converted and kept alike."""
+    from weft.runtime.loader.gguf_tensors import iterate_gguf
+
+    q, norm = rand(64, 32), rand(32)
+    names = {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+             "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+             "attn_q_norm": "self_attn.q_norm"}  # fmt: skip
+    tensors = {"blk.1.attn_q.weight": q, "output_norm.weight": norm + 1}
+    tensors.update({f"blk.1.{part}.weight": norm + 1 for part in names})
+    path = write_gguf(tmp_path / "g.gguf", "gemma3", tensors, 2, 1)
+    converted = dict(iter_hf_tensors(read_gguf_header(path)))
+    assert sorted(converted) == sorted(["model.layers.1.self_attn.q_proj.weight", "model.norm.weight",
+                                        *(f"model.layers.1.{n}.weight" for n in names.values())])  # fmt: skip
+    assert np.array_equal(converted["model.layers.1.self_attn.q_proj.weight"], q)
+    kept = dict(iterate_gguf(path))
+    for name, array in converted.items():
+        assert torch.equal(kept[name].read(-1, 0, 0), torch.from_numpy(array.copy())), name
+        if "proj" not in name:
+            assert np.allclose(array, norm, atol=1e-6), name
+
+
 def test_unsupported_architecture_and_tensor(tmp_path):
     path = write_gguf(tmp_path / "g.gguf", "gemma2", {"output_norm.weight": rand(4)}, 1, 1)
     with pytest.raises(ValueError, match="architecture 'gemma2' is not supported"):
