@@ -168,6 +168,12 @@ class EngineConfig:
     # at most (the longest match wins, then the latest)
     speculative_ngram_min_match_window_size: int = 1
     speculative_ngram_max_match_window_size: int = 12
+    # LoRA adapters (PEFT folders) served next to the base model, as SGLang's --lora-paths:
+    # "name=path" entries (a bare path is named by itself); a request picks one by name
+    # (lora_path). Keyword callers may pass a {name: path} dict or a list.
+    lora_paths: tuple[str, ...] = ()
+    max_loras_per_batch: int = 8  # distinct adapters in one batch (the device pool's slots)
+    max_lora_rank: int | None = None  # the pool's rank; None: the largest loaded adapter's
     cache_dir: str | None = None  # converted models; default ~/.cache/weft
     cpu_threads: int | None = None  # torch intra-op threads of the scheduler on CPU; None: torch's
     log_level: str = "warning"
@@ -275,6 +281,7 @@ class EngineConfig:
                 f"overlap_schedule must be 'auto', 'on' or 'off', got {self.overlap_schedule!r}"
             )
         self._check_speculative()
+        self._check_lora()
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
@@ -326,6 +333,36 @@ class EngineConfig:
         if self.tp_size > 1:
             raise ValueError("speculative decoding runs on one rank (tp_size=1) for now")
 
+    def _check_lora(self) -> None:
+        if not isinstance(self.lora_paths, tuple) or not all(
+            isinstance(e, str) and e for e in self.lora_paths
+        ):
+            raise ValueError(f"lora_paths must be 'name=path' strings, got {self.lora_paths!r}")
+        entries = _lora_entries(self.lora_paths)
+        if any(not name or not path for name, path in entries):
+            raise ValueError(f"lora_paths entries are 'name=path', got {self.lora_paths!r}")
+        names = [name for name, _ in entries]
+        if len(set(names)) != len(names):
+            raise ValueError(f"lora_paths names two adapters alike: {sorted(names)}")
+        if self.max_loras_per_batch < 1:
+            raise ValueError(f"max_loras_per_batch must be >= 1, got {self.max_loras_per_batch}")
+        if self.max_lora_rank is not None and self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
+        if not self.lora_paths:
+            return
+        if self.speculative_algorithm is not None:
+            raise ValueError("LoRA adapters (lora_paths) do not run with speculative decoding yet")
+        if self.tp_size > 1:
+            raise ValueError("LoRA adapters (lora_paths) run on one rank (tp_size=1) for now")
+        if self.resolved_quantization == "gguf":
+            raise ValueError("LoRA adapters (lora_paths) need a full-precision or fp8 model, "
+                             "not GGUF blocks kept quantized; pass dequantize=True")  # fmt: skip
+
+    @property
+    def lora_adapters(self) -> dict[str, str]:
+        """Adapter name -> PEFT folder, in lora_paths order."""
+        return dict(_lora_entries(self.lora_paths))
+
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
         """Build from keyword arguments, naming any unknown one; paths may be os.PathLike, and
@@ -334,6 +371,11 @@ class EngineConfig:
         for name in _PATHS:
             if isinstance(kwargs.get(name), os.PathLike):
                 kwargs[name] = os.fspath(kwargs[name])
+        loras = kwargs.get("lora_paths")
+        if isinstance(loras, dict):
+            kwargs["lora_paths"] = tuple(f"{k}={os.fspath(v)}" for k, v in loras.items())
+        elif isinstance(loras, (list, tuple)):
+            kwargs["lora_paths"] = tuple(os.fspath(e) for e in loras)
         tuning = kwargs.get("tuning")
         if isinstance(tuning, dict):
             kwargs["tuning"] = TuningConfig.from_kwargs(**tuning)
@@ -401,3 +443,12 @@ class EngineConfig:
 
 
 _PATHS = ("model", "tokenizer", "cache_dir", "speculative_draft_model_path")
+
+
+def _lora_entries(entries: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(name, path) of each "name=path" entry; a bare path is its own name (SGLang's)."""
+    out = []
+    for entry in entries:
+        name, sep, path = entry.partition("=")
+        out.append((name, path) if sep else (entry, entry))
+    return out

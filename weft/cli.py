@@ -69,6 +69,10 @@ _HELP = {
     "request's earlier tokens",
     "speculative_ngram_max_match_window_size": "ngram: longest suffix matched (the longest match "
     "wins, then the latest)",
+    "lora_paths": "LoRA adapters (PEFT folders) to serve, as name=path (a bare path is its own "
+    "name); requests choose one by name (lora_path)",
+    "max_loras_per_batch": "most distinct LoRA adapters in one batch (the device pool's slots)",
+    "max_lora_rank": "the LoRA pool's rank; none = the largest loaded adapter's",
     "cache_dir": "where converted models are kept; none = ~/.cache/weft",
     "log_level": "debug, info, warning or error",
     "cpu_threads": "torch threads of the scheduler on CPU; none = torch's default",
@@ -121,6 +125,8 @@ def _add_fields(group: argparse._ArgumentGroup, cls: type) -> None:
         text = f"{_HELP.get(f.name, '')} (default: {default})".strip()
         if isinstance(default, bool):
             group.add_argument(flag, action="store_true", help=text)
+        elif isinstance(default, tuple):  # a list option: --lora-paths a=/x b=/y
+            group.add_argument(flag, nargs="*", default=default, metavar="ENTRY", help=text)
         else:
             kind = _cli_type(hints[f.name])
             group.add_argument(flag, type=kind, default=default, help=text,

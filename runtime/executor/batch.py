@@ -22,6 +22,7 @@ import torch
 
 if TYPE_CHECKING:
     from weft.runtime.executor.shared_prefix import SharedPrefixPlan
+    from weft.runtime.lora.forward import LoraBatch
     from weft.runtime.models.layers import GemvPlan
     from weft.runtime.scheduler.request import Req
 
@@ -70,6 +71,8 @@ class ForwardBatch:
     shared: SharedPrefixPlan | None = None
     # the projections that run weft's skinny GEMV (a decode graph's choice); None: cuBLAS
     gemv: GemvPlan | None = None
+    # each token's LoRA adapter slot (runtime/executor/lora_step.py); None: no adapter token
+    lora: LoraBatch | None = None
 
     @property
     def batch_size(self) -> int:

@@ -18,6 +18,7 @@ from weft.runtime.executor.draft import DraftRunner
 from weft.runtime.executor.draft_loader import load_draft
 from weft.runtime.executor.grammar_masks import GrammarMasks
 from weft.runtime.executor.logprobs import LogprobRows, gather_logprobs
+from weft.runtime.executor.lora_step import LoraRuntime
 from weft.runtime.executor.memory import RESERVED_PAGES, KVPool, PageAllocator, ReqToTokenPool
 from weft.runtime.executor.sampler import Sampler, SamplingInputs
 from weft.runtime.executor.shared_prefix import PlanCache
@@ -83,6 +84,11 @@ class ModelRunner:
         self.fused = self.device.type == "cuda" and not config.disable_fused_kernels
         if self.fused:  # RMSNorm + residual, rotary, SiLU-and-mul, grammar masks as Triton kernels
             self.model.use_kernels(pdl=not config.tuning.disable_pdl)
+        self.lora = (
+            LoraRuntime(config, hf_config, self.model, self.device, self.dtype, tp)
+            if config.lora_paths
+            else None
+        )
 
         num_layers = hf_config.num_hidden_layers
         first = self.model.layers[0]
@@ -261,7 +267,9 @@ class ModelRunner:
         self.req_to_token.flush()  # the scheduler's slot writes since the last step
         self.pool.flush()  # and its SWA slot-map writes (hybrid pool)
         fb, futures = self._forward_batch(batch)
+        # NOTE: decode steps with LoRA tokens run eagerly (the graphs hold no LoRA work)
         graphs = self.graphs if self.graphs is not None and self.graphs.can_run(fb) else None
+        graphs = graphs if fb.lora is None else None
         if graphs is not None:
             graphs.stage(fb)
         else:
@@ -272,6 +280,9 @@ class ModelRunner:
             self._take_futures(fb, *futures)
         if graphs is not None:
             hidden = graphs.replay(fb)
+        elif self.lora is not None:  # the projections' LoRA sites read fb.lora
+            with self.lora.context.use(fb.lora):
+                hidden = self.model(fb, self.attn)
         else:
             hidden = self.model(fb, self.attn)  # [T, hidden]; on CUDA this only queues kernels
             if self.draft is not None and batch.mode == ForwardMode.EXTEND and not batch.drafts:
@@ -374,6 +385,8 @@ class ModelRunner:
                 else None
             ),
         )
+        if self.lora is not None:
+            fb.lora = self.lora.forward_state(batch, len(ids))
         if drafts is not None and len(ids) <= self.verify_rows:  # a verify step, as decode rows
             fb = fb.as_decode_rows(row_per_token)
         return fb, ((at_t, row_t, future_steps) if future_at else None)

@@ -48,6 +48,7 @@ class TokenizedGenerateReq(msgspec.Struct, tag=True):
     top_logprobs_num: int = 0
     token_ids_logprob: list[int] = msgspec.field(default_factory=list)
     stream: bool = False
+    lora_path: str | None = None  # the LoRA adapter's name (EngineConfig.lora_paths); None: base
 
 
 class BatchGenerateReq(msgspec.Struct, tag=True):

@@ -18,6 +18,7 @@ from weft.kernels.host_linear import host_linear
 
 if TYPE_CHECKING:
     from weft.kernels.skinny import GemvLaunch
+    from weft.runtime.lora.forward import LoraSite
     from weft.runtime.models.quant.base import QuantMethod
 
 
@@ -38,7 +39,8 @@ class Projection(nn.Linear):
     """nn.Linear that runs weft's skinny GEMV where a GemvPlan names its shape. `gated`: the
     model calls it through forward_gated (a gated MLP's down projection). A quantized one
     carries a QuantMethod (`quant`, attached at build: runtime/models/quant/) that holds its
-    weight and runs it; GemvPlans never name it."""
+    weight and runs it; GemvPlans never name it. Where LoRA adapters are served, `lora` adds
+    the delta of each token's adapter to the output (before any all-reduce)."""
 
     def __init__(
         self, in_features: int, out_features: int, bias: bool = False, gated: bool = False
@@ -47,6 +49,7 @@ class Projection(nn.Linear):
         self.gated = gated
         self.pdl = False  # the GEMV launches as a programmatic dependent (use_kernels)
         self.quant: QuantMethod | None = None
+        self.lora: LoraSite | None = None  # set where LoRA adapters are served (lora/forward.py)
 
     @property
     def shape(self) -> Shape:
@@ -61,6 +64,10 @@ class Projection(nn.Linear):
         self.pdl = pdl
 
     def forward(self, x: torch.Tensor, gemv: GemvPlan | None = None) -> torch.Tensor:
+        y = self._project(x, gemv)
+        return y if self.lora is None else self.lora.add(x, y)
+
+    def _project(self, x: torch.Tensor, gemv: GemvPlan | None) -> torch.Tensor:
         if self.quant is not None:
             return self.quant.apply(self, x, self.bias)
         launch = gemv.launches.get(self.shape) if gemv is not None else None
@@ -77,7 +84,11 @@ class Projection(nn.Linear):
         gemv: GemvPlan | None = None,
     ) -> torch.Tensor:
         """self(act(gate_up)) for act = SiLU-and-mul; where the GEMV runs, the activation is
-        computed inside it (as silu_and_mul's kernel rounds it), saving its launch."""
+        computed inside it (as silu_and_mul's kernel rounds it), saving its launch. With LoRA
+        tokens in the batch the activation is computed once, for the base and the delta."""
+        if self.lora is not None and self.lora.active:
+            h = act(gate_up)
+            return self.lora.add(h, self._project(h, None))
         if self.quant is not None:
             return self.quant.apply(self, act(gate_up), self.bias)
         launch = gemv.launches.get(self.shape) if gemv is not None else None

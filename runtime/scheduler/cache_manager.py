@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from weft.radix import NoCache, PrefixCache
@@ -9,6 +11,9 @@ from weft.runtime.executor.memory import PageAllocator, ReqToTokenPool
 from weft.runtime.executor.swa_memory import SWAPageAllocator
 from weft.runtime.scheduler.request import Req
 from weft.runtime.scheduler.swa_cache import SWAWindows
+
+if TYPE_CHECKING:
+    from weft.runtime.executor.lora_step import LoraRuntime
 
 
 class KVCacheManager:
@@ -24,6 +29,9 @@ class KVCacheManager:
 
     With a hybrid sliding-window pool (SWAPageAllocator) `swa` keeps the SWA pages: only a
     window's worth per request, matches cut to where the window's SWA KV exists (SWAWindows).
+
+    With LoRA adapters (`lora`) a request pins its adapter's pool slot while it holds its table
+    row (admit .. _drop), and its tokens are keyed in the tree under its adapter's namespace.
     """
 
     def __init__(
@@ -31,8 +39,10 @@ class KVCacheManager:
         allocator: PageAllocator | SWAPageAllocator,
         tree: PrefixCache,
         table: ReqToTokenPool,
+        lora: LoraRuntime | None = None,
     ) -> None:
         self.allocator = allocator
+        self.lora = lora
         self.tree = tree
         self.table = table
         self.page_size = allocator.page_size
@@ -47,15 +57,28 @@ class KVCacheManager:
 
     def match_len(self, req: Req) -> int:
         """Cached prefix length the request would get (no side effects beyond LRU touch)."""
-        indices = self.tree.match_prefix(req.tokens(0, self._match_cap(req))).indices
+        indices = self.tree.match_prefix(self._key(req, self._match_cap(req))).indices
         return len(indices) if self.swa is None else self.swa.usable_len(indices)
 
+    def lora_blocked(self, req: Req) -> bool:
+        """Whether the request's LoRA adapter cannot get a pool slot now (all pinned by others)."""
+        return req.lora_path is not None and not self._adapters().can_acquire(req.lora_path)
+
+    def _adapters(self) -> LoraRuntime:
+        assert self.lora is not None, "a LoRA request without LoRA adapters served"
+        return self.lora
+
     def admit(self, req: Req) -> bool:
-        """Give the request a table row and its cached prefix (locked). False if no row is free."""
+        """Give the request a table row, its LoRA adapter's slot (pinned) and its cached prefix
+        (locked). False if no row (or adapter slot) is free."""
+        if self.lora_blocked(req):
+            return False
         row = self.table.alloc()
         if row is None:
             return False
-        key = req.tokens(0, self._match_cap(req))
+        if req.lora_path is not None:
+            self._adapters().acquire(req.lora_path)
+        key = self._key(req, self._match_cap(req))
         match = self.tree.match_prefix(key)
         n = len(match.indices)
         usable = n if self.swa is None else self.swa.usable_len(match.indices)
@@ -156,7 +179,7 @@ class KVCacheManager:
         row = self.table.cpu[req.row]
         kv_len = req.kv_len
         aligned = kv_len - kv_len % self.page_size
-        key = req.tokens(0, kv_len)
+        key = self._key(req, kv_len)
         if self.swa is not None:  # the tree keeps only the window's SWA KV
             self.swa.free_own(req)
         values = row[:kv_len].clone()
@@ -190,10 +213,21 @@ class KVCacheManager:
         if req.grammar is not None:  # NOTE: before the slot (and its bitmask row) is handed on
             req.grammar.release()
         self.table.free(req.row)
+        if req.lora_path is not None:
+            self._adapters().release(req.lora_path)
         if self.swa is not None:
             self.swa.dropped(req.row)
         req.row, req.kv_len, req.prefix_len, req.last_node = None, 0, 0, None
         req.draft_len = 0
+
+    def _key(self, req: Req, end: int) -> list[int]:
+        """The tree key of the request's tokens [0, end): its adapter's namespace added to each
+        id (the base model's are the ids), so two adapters never share KV."""
+        tokens = req.tokens(0, end)
+        if req.lora_path is None:
+            return tokens
+        ns = self._adapters().namespace(req.lora_path)
+        return [t + ns for t in tokens]
 
     def _match_cap(self, req: Req) -> int:
         # the last token is always recomputed (its logits are needed); input logprobs from k need
@@ -222,3 +256,8 @@ class KVCacheManager:
         self.tree.check_integrity()
         if self.swa is not None:
             self.swa.check_conservation()
+        if self.lora is not None:
+            pinned = self.lora.pool.pinned()
+            if pinned:
+                raise RuntimeError(f"LoRA adapters pinned while idle: {pinned}")
+            self.lora.pool.check_integrity()

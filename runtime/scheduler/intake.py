@@ -49,6 +49,7 @@ class Intake:
         tokenizer: Any,
         device: torch.device,
         max_total_tokens: int,
+        lora_names: frozenset[str] = frozenset(),
     ) -> None:
         self.channel = channel
         self.queues = queues
@@ -58,6 +59,7 @@ class Intake:
         self.tokenizer = tokenizer
         self.device = device
         self.max_total_tokens = max_total_tokens
+        self.lora_names = lora_names  # the LoRA adapters served
         self.arrivals = 0
 
     def collect(self, parent_pid: int, busy: bool) -> Inbox:
@@ -126,6 +128,11 @@ class Intake:
             problem = "input_ids contain a token id outside the vocabulary"
         if problem is not None:  # the engine checks these too; never trust the socket
             req.finish = FinishReason("abort", message=problem)
+            return req
+        if req.lora_path is not None and req.lora_path not in self.lora_names:
+            served = ", ".join(sorted(self.lora_names)) or "none"
+            message = f"unknown LoRA adapter {req.lora_path!r} (loaded: {served})"
+            req.finish = FinishReason("abort", message=message, status=400)
             return req
         if req.params.sampling_seed is not None:
             req.generator = make_generator(req.params.sampling_seed, self.device)

@@ -134,6 +134,8 @@ class BatchPolicy:
             for req in order_waiting(queues.waiting, config.schedule_policy, self.cache):
                 if gate is not None and gate.should_wait(req):
                     continue
+                if req.row is None and self.cache.lora_blocked(req):
+                    continue  # every adapter slot is pinned by others: it waits for one
                 if not adder.add(req):
                     break
                 if gate is not None:

@@ -26,7 +26,8 @@ class SharedPrefixGate:
     of computing it again (G requests sharing a long prefix cost one prefill of it, not G)."""
 
     def __init__(self) -> None:
-        self.keys: dict[int, set[tuple[int, ...]]] = {}  # cached length -> next tokens computed
+        # (cached length, LoRA adapter) -> next tokens computed (adapters share no KV)
+        self.keys: dict[tuple[int, str | None], set[tuple[int, ...]]] = {}
 
     def admitted(self, req: Req, start: int | None = None) -> None:
         """`req` computes its tokens from `start` on (default: its KV length, as it is admitted)
@@ -34,12 +35,14 @@ class SharedPrefixGate:
         start = req.kv_len if start is None else start
         if len(req.input_ids) - start >= IN_BATCH_PREFIX_TOKENS:
             window = tuple(req.input_ids[start : start + IN_BATCH_PREFIX_TOKENS])
-            self.keys.setdefault(start, set()).add(window)
+            self.keys.setdefault((start, req.lora_path), set()).add(window)
 
     def should_wait(self, req: Req) -> bool:
         if req.row is not None:  # already holds KV (a chunked or resumed request)
             return False
-        for start, windows in self.keys.items():
+        for (start, lora), windows in self.keys.items():
+            if lora != req.lora_path:
+                continue
             window = tuple(req.input_ids[start : start + IN_BATCH_PREFIX_TOKENS])
             if len(window) == IN_BATCH_PREFIX_TOKENS and window in windows:
                 return True

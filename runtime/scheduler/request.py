@@ -34,6 +34,7 @@ class Req:
     token_ids_logprob: tuple[int, ...] = ()
     stream: bool = False
     arrival: int = 0  # admission order, for FCFS and retraction choice
+    lora_path: str | None = None  # the LoRA adapter's name; None: the base model
 
     output_ids: list[int] = field(default_factory=list)
     # overlap scheduling: sampled tokens still on the device (launched steps not yet processed),
@@ -90,6 +91,7 @@ class Req:
             token_ids_logprob=tuple(msg.token_ids_logprob),
             stream=msg.stream,
             arrival=arrival,
+            lora_path=msg.lora_path,
         )
 
     @property

@@ -70,7 +70,9 @@ class Scheduler:
             if config.disable_radix_cache
             else RadixCache(self.runner.allocator, self.runner.page_size)
         )
-        self.cache = KVCacheManager(self.runner.allocator, tree, self.runner.req_to_token)
+        self.cache = KVCacheManager(
+            self.runner.allocator, tree, self.runner.req_to_token, self.runner.lora
+        )
         self.queues = Queues()
         self.clock = StepClock()
         self.stats = self.clock.counts
@@ -110,6 +112,7 @@ class Scheduler:
             self.tokenizer,
             self.runner.device,
             self.max_total_tokens,
+            frozenset(config.lora_adapters),
         )
 
     @property

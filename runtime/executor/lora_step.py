@@ -1,0 +1,126 @@
+"""LoRA serving on one rank: the adapters read at start (CPU), their device pool, the sites that
+add the deltas in the model's projections, and each forward's LoraBatch.
+
+The scheduler pins a request's adapter while the request holds KV (KVCacheManager.admit ..
+_drop): every request of a batch holds KV, so a batch has at most the pool's max_loras distinct
+adapters, and an adapter in a batch is never evicted. Prefix caching keys each adapter's tokens
+apart (`namespace`): two adapters never share KV.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from weft.runtime.config import EngineConfig
+from weft.runtime.lora import (
+    NO_LORA,
+    LoraAdapter,
+    LoraPool,
+    LoraShapes,
+    load_adapter,
+    read_config,
+    shard_adapter,
+)
+from weft.runtime.lora.forward import LoraBatch, LoraContext, LoraSite
+from weft.runtime.models.layers import Projection
+
+if TYPE_CHECKING:
+    from weft.runtime.executor.batch import Batch
+    from weft.runtime.executor.distributed import TPGroup
+
+# a token id under adapter k (1-based, in lora_paths order) is keyed id + k * NAMESPACE_STRIDE in
+# the radix tree: far above any vocabulary, so adapters (and the base model, k = 0) never meet
+NAMESPACE_STRIDE = 1 << 32
+
+
+class LoraRuntime:
+    """The adapters of config.lora_paths served by `model` on this rank."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        hf_config: Any,
+        model: torch.nn.Module,
+        device: torch.device,
+        dtype: torch.dtype,
+        tp: TPGroup | None = None,
+    ) -> None:
+        paths = config.lora_adapters
+        assert paths, "LoraRuntime without lora_paths"
+        shapes = LoraShapes.from_hf_config(hf_config)
+        max_rank = config.max_lora_rank or max(read_config(Path(p)).rank for p in paths.values())
+        tp_size, tp_rank = (tp.size, tp.rank) if tp is not None else (1, 0)
+        self.adapters: dict[str, LoraAdapter] = {
+            name: shard_adapter(load_adapter(name, path, shapes, max_rank, dtype), tp_size, tp_rank)
+            for name, path in paths.items()
+        }
+        self.namespaces = {name: (k + 1) * NAMESPACE_STRIDE for k, name in enumerate(paths)}
+        self.pool = LoraPool(shapes.for_rank(tp_size, tp_rank), config.max_loras_per_batch,
+                             max_rank, dtype, device)  # fmt: skip
+        self.context = LoraContext()
+        self.device = device
+        attach_sites(model, self.context)
+
+    ##### The scheduler's side #####
+
+    def namespace(self, name: str) -> int:
+        return self.namespaces[name]
+
+    def can_acquire(self, name: str) -> bool:
+        return self.pool.can_acquire({name})
+
+    def acquire(self, name: str) -> int:
+        return self.pool.acquire(self.adapters[name])
+
+    def release(self, name: str) -> None:
+        self.pool.release(name)
+
+    ##### The model's side #####
+
+    def forward_state(self, batch: Batch, num_tokens: int) -> LoraBatch | None:
+        """Each token's slot (its request's adapter), and on CUDA the kernels' index; None when
+        no request of the batch has an adapter (the model then does no LoRA work)."""
+        slots = [self.pool.slot_of(r.lora_path) if r.lora_path is not None else None
+                 for r in batch.reqs]  # fmt: skip
+        if all(s is None for s in slots):
+            return None
+        assert all(s is not None for r, s in zip(batch.reqs, slots, strict=True)
+                   if r.lora_path is not None), "a LoRA request whose adapter is not resident"  # fmt: skip
+        per_req = torch.tensor([NO_LORA if s is None else s for s in slots], dtype=torch.int32)
+        lens = torch.tensor(batch.extend_lens, dtype=torch.int64)
+        token_slots = torch.repeat_interleave(per_req, lens, output_size=num_tokens)
+        token_slots = token_slots.to(self.device, non_blocking=True)
+        index = None
+        if self.device.type == "cuda":
+            from weft.kernels.lora import default_block_m, lora_index
+
+            index = lora_index(token_slots, self.pool.max_loras, default_block_m(num_tokens))
+        return LoraBatch(self.pool, token_slots, index)
+
+
+def attach_sites(model: torch.nn.Module, context: LoraContext) -> None:
+    """A LoraSite on each adapted projection of a Llama-family model: ValueError for a model
+    whose layers are not (an MoE model's experts take no LoRA here)."""
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        raise ValueError(f"LoRA adapters are not supported for {type(model).__name__}")
+    for i, layer in enumerate(layers):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        projections = {
+            "qkv_proj": getattr(attn, "qkv_proj", None),
+            "o_proj": getattr(attn, "o_proj", None),
+            "gate_up_proj": getattr(mlp, "gate_up_proj", None),
+            "down_proj": getattr(mlp, "down_proj", None),
+        }
+        missing = [name for name, p in projections.items() if not isinstance(p, Projection)]
+        if missing:
+            raise ValueError(
+                f"LoRA adapters are not supported for {type(model).__name__}: layer {i} has no "
+                f"dense {', '.join(missing)} (mixture-of-experts models take no LoRA yet)"
+            )
+        for fused, proj in projections.items():
+            assert isinstance(proj, Projection)
+            proj.lora = LoraSite(context, i, fused)

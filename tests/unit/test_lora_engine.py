@@ -1,0 +1,216 @@
+"""LoRA adapters served by an in-process scheduler on a tiny random Llama (CPU): each adapter's
+greedy output equals HF's model with that adapter merged (peft merge_and_unload); a batch mixing
+adapters and the base model gives each request its output alone; prefix caching keeps each
+adapter's KV apart; an unknown adapter fails only its request; the adapter pool is conserved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from weft.runtime.config import EngineConfig
+from weft.runtime.executor.lora_step import attach_sites
+from weft.runtime.ipc.messages import TokenizedGenerateReq
+from weft.runtime.lora.forward import LoraContext
+from weft.runtime.models import build_model
+from weft.runtime.sampling_params import SamplingParams
+from weft.runtime.scheduler.scheduler import Scheduler
+
+peft = pytest.importorskip("peft", reason="peft is not installed (pip install -e '.[test]')")
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
+
+NEW_TOKENS = 8
+PROMPTS = [[5, 17, 33, 8, 91, 40, 2 + 60, 7], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [99, 3]]
+ADAPTERS = {  # name -> peft LoraConfig fields (random A and B: init_lora_weights=False)
+    "all": {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"},
+    "rs": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"],
+           "use_rslora": True},
+    "attn": {"r": 2, "lora_alpha": 4, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+}  # fmt: skip
+
+
+def _config() -> Any:
+    return transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        eos_token_id=2, bos_token_id=1, tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"],
+    )  # fmt: skip
+
+
+def _base() -> Any:
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(_config()).eval()
+
+
+def _greedy(model: Any, prompt: list[int]) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path], dict]:
+    """(base model folder, adapter name -> folder, (adapter or None, prompt index) -> HF tokens)."""
+    root = tmp_path_factory.mktemp("lora-engine")
+    base = _base()
+    base.save_pretrained(root / "base", safe_serialization=True)
+    expected = {(None, i): _greedy(base, p) for i, p in enumerate(PROMPTS)}
+    folders = {}
+    for seed, (name, spec) in enumerate(ADAPTERS.items(), start=1):
+        torch.manual_seed(seed)
+        wrapped = peft.get_peft_model(_base(), peft.LoraConfig(init_lora_weights=False, **spec))
+        with torch.no_grad():  # larger B: the adapters change greedy outputs
+            for module in wrapped.modules():
+                if hasattr(module, "lora_B") and "default" in getattr(module, "lora_B", {}):
+                    module.lora_B["default"].weight.mul_(4.0)
+        folders[name] = root / name
+        wrapped.save_pretrained(folders[name])
+        merged = wrapped.merge_and_unload().eval()
+        expected.update({(name, i): _greedy(merged, p) for i, p in enumerate(PROMPTS)})
+    return root / "base", folders, expected
+
+
+def _scheduler(setup: tuple, **config: Any) -> Scheduler:
+    base, folders, _ = setup
+    lora_paths = tuple(f"{n}={p}" for n, p in folders.items())
+    cfg = EngineConfig(model=str(base), skip_tokenizer_init=True, cpu_threads=1,
+                       lora_paths=lora_paths, **config)  # fmt: skip
+    return Scheduler(cfg, base, None)
+
+
+def _run(sched: Scheduler, reqs: list[tuple[str, int, str | None]]) -> dict[str, Any]:
+    """Submit (rid, prompt index, adapter) together and run to the end: rid -> finished Req."""
+    done: dict[str, Any] = {}
+
+    def emit(out: list[Any]) -> None:
+        done.update({r.rid: r for r in out if r.finished})
+
+    sched.emit = emit  # type: ignore[method-assign]
+    params = SamplingParams(temperature=0, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    for rid, i, lora in reqs:
+        msg = TokenizedGenerateReq(rid, PROMPTS[i], params, NEW_TOKENS, lora_path=lora)
+        sched.add_request(msg)
+    steps = 0
+    while sched.has_work():
+        sched.process_results(sched.launch(sched.schedule()))
+        steps += 1
+        assert steps < 500, "the scheduler does not finish"
+    sched.settle()
+    sched.cache.check_conservation()  # KV slots, and the LoRA pool: nothing pinned, consistent
+    assert len(done) == len(reqs)
+    return done
+
+
+def test_each_adapter_alone_equals_the_merged_model(setup: tuple) -> None:
+    expected = setup[2]
+    for name in ADAPTERS:  # each adapter changes the base model's output
+        assert all(expected[name, i] != expected[None, i] for i in range(len(PROMPTS))), name
+    sched = _scheduler(setup, disable_radix_cache=True)
+    for name in [*ADAPTERS, None]:
+        for i in range(len(PROMPTS)):
+            out = _run(sched, [("r", i, name)])["r"]
+            assert out.finish.type == "length", out.finish
+            assert out.output_ids == expected[name, i], (name, i)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{}, {"max_loras_per_batch": 1}, {"overlap_schedule": "on", "enable_mixed_chunk": True},
+     {"page_size": 4, "chunked_prefill_size": 4}],
+    ids=["plain", "one-slot", "overlap-mixed", "paged-chunked"],
+)  # fmt: skip
+def test_a_mixed_batch_gives_each_request_its_own_output(setup: tuple, config: dict) -> None:
+    expected = setup[2]
+    sched = _scheduler(setup, **config)
+    reqs = [(f"{name}-{i}", i, name) for name in [*ADAPTERS, None] for i in range(len(PROMPTS))]
+    reqs = reqs[::2] + reqs[1::2]  # adapters interleaved in arrival order
+    done = _run(sched, reqs)
+    for rid, i, name in reqs:
+        assert done[rid].output_ids == expected[name, i], rid
+    pool = sched.runner.lora.pool  # type: ignore[union-attr]
+    assert pool.pinned() == {} and len(pool.resident()) == min(len(ADAPTERS), pool.max_loras)
+
+
+def test_prefix_cache_never_shares_kv_between_adapters(setup: tuple) -> None:
+    expected = setup[2]
+    sched = _scheduler(setup)
+    first = _run(sched, [("a1", 1, "all")])["a1"]
+    assert first.cached_tokens == 0 and first.output_ids == expected["all", 1]
+    for rid, name in (("rs", "rs"), ("base", None), ("attn", "attn")):  # the same prompt
+        out = _run(sched, [(rid, 1, name)])[rid]
+        assert out.cached_tokens == 0, (name, out.cached_tokens)
+        assert out.output_ids == expected[name, 1], name
+    again = _run(sched, [("a2", 1, "all"), ("rs2", 1, "rs")])  # each adapter hits its own KV
+    assert again["a2"].cached_tokens == len(PROMPTS[1]) - 1
+    assert again["rs2"].cached_tokens == len(PROMPTS[1]) - 1
+    assert again["a2"].output_ids == expected["all", 1]
+    assert again["rs2"].output_ids == expected["rs", 1]
+
+
+def test_an_unknown_adapter_fails_its_request_alone(setup: tuple) -> None:
+    expected = setup[2]
+    sched = _scheduler(setup)
+    done = _run(sched, [("ok", 0, "all"), ("bad", 0, "nope"), ("base", 2, None)])
+    bad = done["bad"].finish
+    assert bad.type == "abort" and bad.status == 400
+    assert "unknown LoRA adapter 'nope'" in bad.message and "all" in bad.message
+    assert done["ok"].output_ids == expected["all", 0]
+    assert done["base"].output_ids == expected[None, 2]
+
+
+def test_config_checks_and_forms(setup: tuple) -> None:
+    base, folders, _ = setup
+    cfg = EngineConfig.from_kwargs(model=str(base), lora_paths={"x": folders["all"]})
+    assert cfg.lora_adapters == {"x": str(folders["all"])}
+    assert EngineConfig.from_dict(cfg.to_dict()) == cfg
+    bare = EngineConfig.from_kwargs(model=str(base), lora_paths=[str(folders["rs"])])
+    assert bare.lora_adapters == {str(folders["rs"]): str(folders["rs"])}
+    for bad, match in [
+        ({"lora_paths": ("a=/x", "a=/y")}, "two adapters alike"),
+        ({"lora_paths": ("=/x",)}, "name=path"),
+        ({"lora_paths": ["a=/x"]}, "name=path"),
+        ({"max_loras_per_batch": 0}, "max_loras_per_batch"),
+        ({"max_lora_rank": 0}, "max_lora_rank"),
+        ({"lora_paths": ("a=/x",), "speculative_algorithm": "ngram"}, "speculative"),
+        ({"lora_paths": ("a=/x",), "tp_size": 2}, "tp_size=1"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            EngineConfig(model=str(base), **bad)
+
+
+def test_a_rank_above_max_lora_rank_is_refused_at_start(setup: tuple) -> None:
+    with pytest.raises(ValueError, match="max_lora_rank"):
+        _scheduler(setup, max_lora_rank=4)
+
+
+def test_a_mixture_of_experts_model_is_refused() -> None:
+    config = transformers.MixtralConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        architectures=["MixtralForCausalLM"],
+    )  # fmt: skip
+    model = build_model(config, 64, torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="mixture-of-experts models take no LoRA"):
+        attach_sites(model, LoraContext())
+
+
+def test_cli_list_options() -> None:
+    import argparse
+
+    from weft import cli
+
+    parser = argparse.ArgumentParser()
+    cli._add_engine_options(parser)
+    args = parser.parse_args(["--lora-paths", "a=/x", "b=/y", "--max-loras-per-batch", "2"])
+    kwargs = cli._engine_kwargs(args)
+    assert (kwargs["lora_paths"], kwargs["max_loras_per_batch"]) == (["a=/x", "b=/y"], 2)
+    cfg = EngineConfig.from_kwargs(**{**kwargs, "device": "cpu"})
+    assert cfg.lora_adapters == {"a": "/x", "b": "/y"} and cfg.max_lora_rank is None
+    assert cli._engine_kwargs(parser.parse_args([]))["lora_paths"] == ()
