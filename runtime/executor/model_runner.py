@@ -30,7 +30,7 @@ from weft.runtime.loader import gguf_path, iterate_weight_slices
 from weft.runtime.loader.fp8_checkpoint import refuse_quantized_checkpoint
 from weft.runtime.loader.gguf_tensors import iterate_gguf
 from weft.runtime.models import build_model, check_quantization, init_dummy_weights
-from weft.runtime.models.llama import LlamaDecoderLayer, head_dim_of, sliding_window_of
+from weft.runtime.models.llama import LlamaDecoderLayer, head_dim_of
 from weft.runtime.models.quant import QuantContext, make_quant_config
 
 if TYPE_CHECKING:
@@ -162,11 +162,10 @@ class ModelRunner:
             if loaded is not None
             else None
         )  # fmt: skip
-        if sliding_window_of(hf_config) is not None and not self.attn.supports_sliding_window:
+        if any(w is not None for w in windows) and not self.attn.supports_sliding_window:
             raise ValueError(
                 f"attention backend {type(self.attn).__name__} has no sliding-window attention, "
-                f"which this {hf_config.model_type} model needs; use attention_backend='torch' "
-                "or 'flashinfer'"
+                f"which this {hf_config.model_type} model needs"
             )
         # decode steps tell the backend which requests share a prefix (radix cache on only)
         self.plan_shared = (

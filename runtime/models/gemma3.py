@@ -117,26 +117,15 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             Gemma3DecoderLayer(config, i, max_positions, tp)
             for i in range(config.num_hidden_layers)
         )
-        self.sliding = any(kind == SLIDING for kind in layer_types_of(config))
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
-        """Hidden states after the final norm: [T, hidden]."""
-        if self.sliding and not attn.supports_sliding_window:
-            raise ValueError(f"attention backend {type(attn).__name__} has no sliding-window "
-                             "attention, which Gemma 3 needs; use attention_backend='torch' or "
-                             "'flashinfer'")  # fmt: skip
-        x = self.embed_tokens(batch.input_ids) * self.embed_scale
-        residual: torch.Tensor | None = None
-        for layer in self.layers:
-            x, residual = layer(x, residual, batch, attn)
-        if residual is None:  # no layers
-            return self.norm(x)
-        return self.norm.add_forward(x, residual)[0]
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings scaled by sqrt(hidden) (rounded to their dtype, as HF's)."""
+        return self.embed_tokens(input_ids) * self.embed_scale
 
     def use_kernels(self, pdl: bool = True) -> None:
         """The projections' GEMV (with `pdl`) and the rotary kernel; the norms and GeGLU stay on

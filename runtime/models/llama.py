@@ -174,13 +174,17 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Hidden states after the final norm: [T, hidden]."""
-        x = self.embed_tokens(batch.input_ids)
+        x = self.embed(batch.input_ids)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             x, residual = layer(x, residual, batch, attn)
         if residual is None:  # no layers
             return self.norm(x)
         return self.norm.add_forward(x, residual)[0]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings [T, hidden] of the tokens [T]."""
+        return self.embed_tokens(input_ids)
 
     def use_kernels(self, pdl: bool = True) -> None:
         """Run RMSNorm (+ residual add), rotary embedding and SiLU-and-mul as weft's Triton
