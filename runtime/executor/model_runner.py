@@ -112,10 +112,11 @@ class ModelRunner:
         self.allocator: PageAllocator | SWAPageAllocator
         self.pool: KVPool
         if self.swa_window is not None:
-            if loaded is not None or config.speculative_algorithm is not None:
+            if loaded is not None:  # (n-gram speculation needs no pool of its own)
                 raise ValueError(
-                    "speculative decoding does not run on the hybrid sliding-window KV pool yet; "
-                    "pass disable_hybrid_swa_memory=True"
+                    "draft-model speculation does not run on the hybrid sliding-window KV pool "
+                    "yet (its own KV pool is not sized with it); pass "
+                    "disable_hybrid_swa_memory=True"
                 )
             layer_bytes = KVPool.bytes_per_slot(1, kv_heads, head_dim, kv_dtype)
             num_pages, num_swa_pages = hybrid_page_counts(

@@ -159,14 +159,17 @@ class KVCacheManager:
             return None
         return self.allocator.alloc_pages(n)
 
-    def swa_fits(self, reqs: list[Req]) -> bool:
-        """Whether the SWA pool has the pages for these requests' next tokens (extend_len each),
-        after they give back their out-of-window ones (always, without a hybrid pool)."""
+    def swa_fits(self, reqs: list[Req], extra: list[int] | None = None) -> bool:
+        """Whether the SWA pool has the pages for these requests' next tokens (extend_len each,
+        plus `extra` each: a verify step's drafts), after they give back their out-of-window
+        ones (always, without a hybrid pool)."""
         if self.swa is None:
             return True
         for req in reqs:
             self.swa.free_own(req)
-        return self.swa.make_room(sum(self.pages_needed(r, r.extend_len) for r in reqs))
+        more = extra or [0] * len(reqs)
+        pages = sum(self.pages_needed(r, r.extend_len + e) for r, e in zip(reqs, more, strict=True))
+        return self.swa.make_room(pages)
 
     def swa_admits(self) -> bool:
         """Whether the SWA pool has room for every request holding KV to grow to a window's

@@ -219,8 +219,8 @@ class Speculator:
             pages = sum(cache.pages_needed(r, r.extend_len + d) for r, d in pairs)
             return pages * cache.page_size
 
-        for i in order:
-            if need() <= cache.available_tokens:
+        for i in order:  # (a hybrid sliding-window pool: its SWA pages too)
+            if need() <= cache.available_tokens and cache.swa_fits(running, want):
                 break
             want[i] = 0
             if self.ngram:

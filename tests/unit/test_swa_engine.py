@@ -6,6 +6,7 @@ short enough to retract; the KV of both pools is conserved; the same memory hold
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,12 @@ def workload() -> list[tuple[list[int], SamplingParams]]:
     return out
 
 
-def run(model: Path, **config: Any) -> tuple[dict[str, list[int]], Scheduler]:
+def run(
+    model: Path, setup: Callable[[Scheduler], None] | None = None, **config: Any
+) -> tuple[dict[str, list[int]], Scheduler]:
     sched = Scheduler(EngineConfig(model=str(model), cpu_threads=1, **config), model, None)
+    if setup is not None:
+        setup(sched)
     done: dict[str, list[int]] = {}
 
     def emit(reqs: list[Any]) -> None:
@@ -68,9 +73,10 @@ def run(model: Path, **config: Any) -> tuple[dict[str, list[int]], Scheduler]:
     items = workload()
     for i, (ids, params) in enumerate(items[:4]):  # these first: later ones share their prefix
         sched.add_request(TokenizedGenerateReq(f"r{i}", ids, params, params.max_new_tokens or 0))
-    steps = 0
-    while sched.has_work():
-        if steps == 30:
+    steps, later = 0, True
+    while sched.has_work() or later:
+        if later and (steps == 30 or not sched.has_work()):
+            later = False
             for i, (ids, params) in enumerate(items[4:], start=4):
                 msg = TokenizedGenerateReq(f"r{i}", ids, params, params.max_new_tokens or 0)
                 sched.add_request(msg)
@@ -117,7 +123,29 @@ def test_same_memory_holds_more_tokens(mixed_model_dir: Path) -> None:
     assert alloc.swa_total_slots == pytest.approx(0.5 * alloc.total_slots, rel=0.01)
 
 
-def test_speculative_decoding_is_refused_on_the_hybrid_pool(mixed_model_dir: Path) -> None:
-    config = EngineConfig(model=str(mixed_model_dir), speculative_algorithm="ngram")
+def test_ngram_speculation_on_the_hybrid_pool_equals_plain_decoding(
+    mixed_model_dir: Path,
+) -> None:
+    """n-gram speculation with every other decode step verifying: a verify step's drafts take
+    SWA pages too, and its rejected ones go back; greedy outputs stay the plain pool's."""
+    common: dict[str, Any] = {"page_size": 4, "chunked_prefill_size": 16,
+                              "max_prefill_tokens": 32, "max_total_tokens": 400}  # fmt: skip
+    plain, _ = run(mixed_model_dir, disable_hybrid_swa_memory=True, **common)
+    turn = iter(range(10**6))
+
+    def every_other(sched: Scheduler) -> None:
+        assert sched.speculator is not None
+        sched.speculator.costs.speculate = lambda batch_size: next(turn) % 2 == 0  # type: ignore[method-assign]
+
+    spec, sched = run(mixed_model_dir, swa_full_tokens_ratio=0.05, speculative_algorithm="ngram",
+                      speculative_num_draft_tokens=4, setup=every_other, **common)  # fmt: skip
+    assert isinstance(sched.runner.allocator, SWAPageAllocator)
+    assert sched.stats["spec_verify_steps"] > 0 and sched.stats["spec_draft_tokens"] > 0
+    assert spec == plain
+
+
+def test_draft_model_speculation_is_refused_on_the_hybrid_pool(mixed_model_dir: Path) -> None:
+    config = EngineConfig(model=str(mixed_model_dir), speculative_algorithm="draft",
+                          speculative_draft_model_path=str(mixed_model_dir))  # fmt: skip
     with pytest.raises(ValueError, match="disable_hybrid_swa_memory"):
         Scheduler(config, mixed_model_dir, None)
