@@ -14,6 +14,7 @@ import torch
 
 from weft.constrain.base import CompiledGrammar, GrammarBackend, GrammarMatcher
 from weft.constrain.errors import STRICT_NOTE, GrammarError
+from weft.constrain.formats import INEXACT_FORMATS, format_patterns
 from weft.constrain.llguidance_matcher import LLGuidanceMatcher
 from weft.constrain.llguidance_prefetch import MaskWorker
 from weft.constrain.regex_text import ascii_digits, lark_ascii_digits
@@ -84,9 +85,10 @@ class LLGuidanceBackend(GrammarBackend):
         return (*super().cache_key, self._json_whitespace)
 
     def compile(self, spec: GrammarSpec, timeout_s: float | None = None) -> CompiledGrammar:
-        matcher, dropped, structure_ids = self._repaired_matcher(self._rewritten(spec))
+        rewritten, inexact = self._rewritten(spec)
+        matcher, dropped, structure_ids = self._repaired_matcher(rewritten)
         unenforced = (
-            dropped + llguidance_keywords(matcher.get_grammar_warnings())
+            inexact + dropped + llguidance_keywords(matcher.get_grammar_warnings())
             if spec.kind in ("json_schema", "structural_tag")
             else []
         )
@@ -97,13 +99,24 @@ class LLGuidanceBackend(GrammarBackend):
             raise self._refusal(spec, matcher.get_error())
         return compiled
 
-    def _rewritten(self, spec: GrammarSpec) -> GrammarSpec:
-        """`spec` with weft's rewrites applied (itself if none applies)."""
+    def _rewritten(self, spec: GrammarSpec) -> tuple[GrammarSpec, list[str]]:
+        """(`spec` with weft's rewrites applied (itself if none applies), the formats its
+        grammar enforces only in part: refused if strict). Formats become patterns (formats.py)."""
         if spec.kind != "json_schema" or not self.rewrites:
-            return spec
+            return spec, []
         schema = json.loads(spec.spec)
-        fixed = integral_counts(schema)
-        return spec if fixed is schema else GrammarSpec.json_schema(fixed, spec.strict)
+        fixed, inexact = format_patterns(integral_counts(schema))
+        if inexact and self.strict_for(spec):
+            why = ", ".join(f"{k} ({INEXACT_FORMATS[k[len('format:') :]]})" for k in inexact)
+            where = located(schema, inexact).partition(" ")[2]
+            raise GrammarError(
+                f"unsupported JSON schema keyword(s): {why} {where}".rstrip()
+                + self._strict_note(spec),
+                inexact,
+            )
+        if fixed is schema:
+            return spec, inexact
+        return GrammarSpec.json_schema(fixed, spec.strict), inexact
 
     def _matcher(self, spec: GrammarSpec) -> tuple[Any, frozenset[int]]:
         """A matcher for `spec`, and the structure tokens its grammar writes (structural tags)."""

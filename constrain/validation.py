@@ -12,6 +12,8 @@ from typing import Any
 import jsonschema
 import jsonschema.exceptions
 
+from weft.constrain.formats import FORMAT_REGEXES, conforms
+
 VALIDATOR_CACHE = 256  # compiled validators kept, by schema text
 
 
@@ -41,7 +43,8 @@ class SchemaCheck:
 
 def check_output(schema_text: str, text: str) -> SchemaCheck:
     """Whether `text` is one JSON document valid under `schema_text` (JSON text of a schema).
-    Formats are asserted where jsonschema can check them (the grammar enforces them too)."""
+    Formats are asserted where jsonschema can check them, and those of formats.py as the grammar
+    enforces them."""
     try:
         value = json.loads(text, parse_constant=_no_constant)
     except (json.JSONDecodeError, ValueError, RecursionError) as e:
@@ -72,7 +75,22 @@ def _validator(schema_text: str) -> Any:
     with warnings.catch_warnings():  # an unknown $schema: read as 2020-12 (as the grammar does)
         warnings.simplefilter("ignore", DeprecationWarning)
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+    return cls(schema, format_checker=_format_checker(cls))
+
+
+@functools.cache
+def _format_checker(cls: Any) -> jsonschema.FormatChecker:
+    """`cls`'s format checker, with the formats the grammar enforces checked as it enforces them
+    (formats.py: jsonschema's own checkers differ, e.g. `email` is any text with an `@`)."""
+    checker = jsonschema.FormatChecker(formats=())
+    checker.checkers = dict(cls.FORMAT_CHECKER.checkers)
+    for name in FORMAT_REGEXES:
+        checker.checkers[name] = (functools.partial(_conforms, name), ())
+    return checker
+
+
+def _conforms(name: str, instance: object) -> bool:
+    return not isinstance(instance, str) or conforms(name, instance)
 
 
 def _no_constant(name: str) -> Any:
