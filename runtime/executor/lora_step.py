@@ -53,16 +53,54 @@ class LoraRuntime:
         shapes = LoraShapes.from_hf_config(hf_config)
         max_rank = config.max_lora_rank or max(read_config(Path(p)).rank for p in paths.values())
         tp_size, tp_rank = (tp.size, tp.rank) if tp is not None else (1, 0)
-        self.adapters: dict[str, LoraAdapter] = {
-            name: shard_adapter(load_adapter(name, path, shapes, max_rank, dtype), tp_size, tp_rank)
-            for name, path in paths.items()
-        }
-        self.namespaces = {name: (k + 1) * NAMESPACE_STRIDE for k, name in enumerate(paths)}
+        self.shapes, self.dtype, self.tp_size, self.tp_rank = shapes, dtype, tp_size, tp_rank
+        self.adapters: dict[str, LoraAdapter] = {}
+        self.namespaces: dict[str, int] = {}
+        self.next_namespace = 1  # never reused: a reloaded name never meets its old KV
+        self.retiring: set[str] = set()  # unloaded, still used by requests sent before
         self.pool = LoraPool(shapes.for_rank(tp_size, tp_rank), config.max_loras_per_batch,
                              max_rank, dtype, device)  # fmt: skip
+        for name, path in paths.items():
+            self.load(name, path)
         self.context = LoraContext()
         self.device = device
         attach_sites(model, self.context)
+
+    ##### Loading and unloading while serving #####
+
+    def served(self) -> dict[str, str]:
+        """Adapter name -> folder, for the adapters new requests may use."""
+        return {n: a.path for n, a in self.adapters.items() if n not in self.retiring}
+
+    def load(self, name: str, path: str) -> None:
+        """Read adapter `path` as `name` under a new namespace; ValueError (the loader's, or a
+        name in use) leaves everything as it was."""
+        if name in self.retiring:
+            raise ValueError(f"LoRA adapter {name!r} is still being unloaded (requests sent "
+                             "before its unload still run): load it again once they finish")  # fmt: skip
+        if name in self.adapters:
+            raise ValueError(f"a LoRA adapter named {name!r} is already loaded: unload it first")
+        adapter = load_adapter(name, path, self.shapes, self.pool.max_rank, self.dtype)
+        self.adapters[name] = shard_adapter(adapter, self.tp_size, self.tp_rank)
+        self.namespaces[name] = self.next_namespace * NAMESPACE_STRIDE
+        self.next_namespace += 1
+
+    def unload(self, name: str) -> None:
+        """Refuse new requests for `name` (the caller's intake) and free it once no request of
+        it is left (retire); KeyError for a name not served."""
+        if name not in self.adapters or name in self.retiring:
+            raise KeyError(name)
+        self.retiring.add(name)
+
+    def retire(self, in_use: set[str]) -> None:
+        """Free the unloaded adapters no request (`in_use`: every queued or running request's
+        adapter) still needs: its pool slot, its CPU weights. Its radix entries are never hit
+        again (their namespace is not reused) and age out of the cache."""
+        for name in self.retiring - in_use:
+            dropped = self.pool.drop(name)
+            assert dropped, f"LoRA adapter {name!r} is pinned but no request uses it"
+            del self.adapters[name], self.namespaces[name]
+            self.retiring.discard(name)
 
     ##### The scheduler's side #####
 

@@ -1,10 +1,12 @@
 """Typed IPC messages between the engine, the scheduler and the detokenizer, and their one codec.
 
 Directions:
-    engine -> scheduler:       BatchGenerateReq, AbortReq, FlushCacheReq, GetStateReq
+    engine -> scheduler:       BatchGenerateReq, AbortReq, FlushCacheReq, GetStateReq,
+                               LoadLoraReq, UnloadLoraReq
     scheduler -> detokenizer:  BatchTokenOut
     detokenizer -> engine:     BatchStrOut
-    scheduler -> engine:       ReadyOut, FlushCacheOut, StateOut (control replies go straight back)
+    scheduler -> engine:       ReadyOut, FlushCacheOut, StateOut, LoraOut (control replies go
+                               straight back)
     any child -> engine:       ReadyOut on start-up
 """
 
@@ -72,6 +74,20 @@ class GetStateReq(msgspec.Struct, tag=True):
     pass
 
 
+class LoadLoraReq(msgspec.Struct, tag=True):
+    """Load the PEFT adapter folder `path` as `name` while serving."""
+
+    name: str
+    path: str
+
+
+class UnloadLoraReq(msgspec.Struct, tag=True):
+    """Stop serving adapter `name`: new requests for it are refused at once; those already
+    sent keep it until they finish."""
+
+    name: str
+
+
 class TokenOut(msgspec.Struct):
     """Progress of one request in one step (deltas since the last TokenOut of that request)."""
 
@@ -134,17 +150,30 @@ class StateOut(msgspec.Struct, tag=True):
     state: dict[str, Any]
 
 
+class LoraOut(msgspec.Struct, tag=True):
+    """The reply to LoadLoraReq / UnloadLoraReq: `status` 400 (a bad adapter) or 404 (an unknown
+    name) when it failed; `adapters` (name -> path) are those served after it."""
+
+    success: bool
+    message: str
+    adapters: dict[str, str]
+    status: int = 200
+
+
 Message = Union[  # noqa: UP007 (msgspec needs a typing.Union here)
     TokenizedGenerateReq,
     BatchGenerateReq,
     AbortReq,
     FlushCacheReq,
     GetStateReq,
+    LoadLoraReq,
+    UnloadLoraReq,
     BatchTokenOut,
     BatchStrOut,
     ReadyOut,
     FlushCacheOut,
     StateOut,
+    LoraOut,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -21,9 +21,12 @@ from weft.runtime.ipc.messages import (
     FlushCacheOut,
     FlushCacheReq,
     GetStateReq,
+    LoadLoraReq,
+    LoraOut,
     Message,
     StateOut,
     TokenizedGenerateReq,
+    UnloadLoraReq,
 )
 from weft.runtime.loader import read_hf_config
 from weft.runtime.loader.model_info import ModelInfo
@@ -218,6 +221,7 @@ class Scheduler:
         """Runs once each time the scheduler becomes idle: the KV conservation check, and the
         new-token ratio starts again (as SGLang's)."""
         if not self.checked_idle:
+            self.retire_loras()  # (an unloaded adapter whose last request was aborted)
             self.cache.check_conservation()
             self.policy.ratio.reset()
             self.checked_idle = True
@@ -235,6 +239,8 @@ class Scheduler:
                 self.reply(self.flush_cache())
             elif isinstance(msg, GetStateReq):
                 self.reply(StateOut(self.state()))
+            elif isinstance(msg, (LoadLoraReq, UnloadLoraReq)):
+                self.reply(self.update_lora(msg))
             else:
                 self.emit(self.intake.handle(msg))
 
@@ -257,6 +263,7 @@ class Scheduler:
         verified = step.batch.drafts is not None and not self.config.disable_jump_forward
         forced = self.jump_forward or verified
         self.emit(apply_results(step, self.queues, self.cache, eos, forced, self.stats))
+        self.retire_loras()
 
     def emit(self, reqs: list[Req]) -> None:
         if reqs and self.channel is not None:
@@ -273,6 +280,44 @@ class Scheduler:
             return FlushCacheOut(False, "Cache not flushed: there are running or waiting requests.")
         self.cache.tree.reset()
         return FlushCacheOut(True, "Cache flushed.")
+
+    def update_lora(self, msg: LoadLoraReq | UnloadLoraReq) -> LoraOut:
+        """Load or unload an adapter while serving (every rank alike: they all get the message).
+        A refusal changes nothing: 400 for a bad adapter, 404 for an unknown name."""
+        lora = self.runner.lora
+        if lora is None:
+            return LoraOut(False, "this server was started without LoRA adapters: start it with "
+                           "--lora-paths to load adapters while serving", {}, 400)  # fmt: skip
+        if isinstance(msg, LoadLoraReq):
+            try:
+                lora.load(msg.name, msg.path)
+            except Exception as e:  # NOTE: the load alone fails (safetensors/torch too)
+                known = isinstance(e, (ValueError, OSError))  # the loader's: file and problem
+                detail = str(e) if known else f"{type(e).__name__}: {e}"
+                return LoraOut(False, detail, lora.served(), 400)
+            message = f"LoRA adapter {msg.name!r} loaded from {msg.path}"
+        else:
+            try:
+                lora.unload(msg.name)
+            except KeyError:
+                served = ", ".join(lora.served()) or "none"
+                return LoraOut(False, f"unknown LoRA adapter {msg.name!r} (loaded: {served})",
+                               lora.served(), 404)  # fmt: skip
+            self.retire_loras()
+            message = f"LoRA adapter {msg.name!r} unloaded"
+        self.intake.lora_names = frozenset(lora.served())
+        logger.info(message)
+        return LoraOut(True, message, lora.served())
+
+    def retire_loras(self) -> None:
+        """Free the unloaded adapters whose last request finished."""
+        lora = self.runner.lora
+        if lora is None or not lora.retiring:
+            return
+        queues = self.queues
+        reqs = [*queues.waiting, *queues.running, *self.grammars.pending]
+        reqs += [queues.chunked] if queues.chunked is not None else []
+        lora.retire({r.lora_path for r in reqs if r.lora_path is not None})
 
     def state(self) -> dict[str, Any]:
         alloc, queues = self.runner.allocator, self.queues

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from weft.runtime.config import EngineConfig
+from weft.runtime.ipc.messages import LoadLoraReq, UnloadLoraReq
 from weft.runtime.server.generate_input import GenerateInput
 from weft.runtime.server.launch import start_runtime
 from weft.runtime.server.output import ReqState
@@ -67,10 +68,13 @@ class Engine:
         return_text_in_logprobs: bool = False,
         stream: bool = False,
         rid: str | list[str] | None = None,
+        lora_path: str | list[str | None] | None = None,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """SGLang-shaped results: a dict for one prompt (n=1), else a list in input order.
 
         With stream=True, an iterator of deltas (new text and ids; `index` when several outputs).
+        `lora_path`: the LoRA adapter's name (lora_paths, or load_lora_adapter), or one per prompt
+        of a batch (None: the base model); an adapter not loaded is a ValueError.
         """
         obj = GenerateInput(
             text=prompt,
@@ -83,6 +87,7 @@ class Engine:
             token_ids_logprob=token_ids_logprob,
             return_text_in_logprobs=return_text_in_logprobs,
             stream=stream,
+            lora_path=lora_path,
         )
         states = self._run(self._tm.submit(obj))
         if stream:
@@ -135,6 +140,28 @@ class Engine:
         """Scheduler counters: running/waiting requests, KV pool use, tokens run, retractions."""
         return self._run(self._tm.get_state())
 
+    def load_lora_adapter(self, lora_name: str, lora_path: str) -> dict[str, str]:
+        """Serve the PEFT adapter folder `lora_path` as `lora_name` from now on (the engine must
+        have started with lora_paths); ValueError with the reason if it cannot be loaded (nothing
+        else changes). Returns the adapters served, name -> folder."""
+        reply = self._run(self._tm.update_lora(LoadLoraReq(lora_name, str(lora_path))))
+        if not reply.success:
+            raise ValueError(reply.message)
+        return dict(reply.adapters)
+
+    def unload_lora_adapter(self, lora_name: str) -> dict[str, str]:
+        """Refuse new requests for `lora_name` at once; those already sent keep it until they
+        finish. ValueError for an adapter not loaded. Returns the adapters served."""
+        reply = self._run(self._tm.update_lora(UnloadLoraReq(lora_name)))
+        if not reply.success:
+            raise ValueError(reply.message)
+        return dict(reply.adapters)
+
+    @property
+    def lora_adapters(self) -> dict[str, str]:
+        """The LoRA adapters served: name -> PEFT folder."""
+        return dict(self._tm.lora_adapters)
+
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
         self._loop.call_soon_threadsafe(self._tm.abort, rid, abort_all)
 
@@ -186,6 +213,7 @@ _ENGINE_FIELDS = {
     "token_ids_logprob",
     "return_text_in_logprobs",
     "rid",
+    "lora_path",
 }
 
 

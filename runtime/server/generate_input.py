@@ -26,6 +26,7 @@ class PromptSpec:
     token_ids_logprob: list[int]
     return_text_in_logprobs: bool
     stream: bool
+    lora_path: str | None = None  # the LoRA adapter's name; None: the base model
 
     def needs_tokenizer(self) -> str | None:
         """The first thing this prompt asks for that only a tokenizer gives, or None."""
@@ -67,6 +68,7 @@ class GenerateInput:
     token_ids_logprob: list[int] | None = None
     return_text_in_logprobs: bool = False
     stream: bool = False
+    lora_path: str | list[str | None] | None = None  # an adapter's name, or one per prompt
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -93,6 +95,7 @@ class GenerateInput:
         lp = _per_prompt(self.return_logprob, n, "return_logprob", batch)
         start = _per_prompt(self.logprob_start_len, n, "logprob_start_len", batch)
         top = _per_prompt(self.top_logprobs_num, n, "top_logprobs_num", batch)
+        loras = _per_prompt(self.lora_path, n, "lora_path", batch)
         specs = []
         for i in range(n):
             sp = SamplingParams.from_dict(params[i])
@@ -115,6 +118,7 @@ class GenerateInput:
                         self.return_text_in_logprobs, "return_text_in_logprobs"
                     ),
                     stream=_bool(self.stream, "stream"),
+                    lora_path=_lora_name(loras[i]),
                 )
             )
         seen = [s.rid for s in specs]
@@ -169,6 +173,13 @@ def _id_list(value: Any, name: str, nonempty: bool = False) -> list[int]:
     if value and min(value) < 0:
         raise ValueError(f"{name} must not contain negative token ids")
     return list(value)
+
+
+def _lora_name(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"lora_path must be a LoRA adapter's name (a non-empty string) or null, "
+                         f"got {value!r}")  # fmt: skip
+    return value
 
 
 def _bool(value: Any, name: str) -> bool:

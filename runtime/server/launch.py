@@ -146,6 +146,7 @@ async def start_runtime(config: EngineConfig, limits: RequestLimits | None = Non
         listen_addr=children.ends.engine,
         check_children=children.check,
         limits=limits,
+        lora_adapters=config.lora_adapters,
     )
     manager.start()
     try:

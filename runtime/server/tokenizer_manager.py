@@ -23,10 +23,13 @@ from weft.runtime.ipc.messages import (
     FlushCacheOut,
     FlushCacheReq,
     GetStateReq,
+    LoadLoraReq,
+    LoraOut,
     Message,
     StateOut,
     StrOut,
     TokenizedGenerateReq,
+    UnloadLoraReq,
     decode,
     encode,
 )
@@ -64,8 +67,12 @@ class TokenizerManager:
         listen_addr: str,
         check_children: Callable[[], str | None],
         limits: RequestLimits | None = None,
+        lora_adapters: dict[str, str] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        # the LoRA adapters served (name -> folder), replaced whole when one is (un)loaded: a
+        # request for another is refused here, before it is sent
+        self.lora_adapters: dict[str, str] = dict(lora_adapters or {})
         self.limits = limits or RequestLimits()
         self.max_token_chars = max_chars_per_token(tokenizer)
         self.info = info
@@ -181,6 +188,7 @@ class TokenizerManager:
 
     def _check(self, spec: PromptSpec, prompt: list[int]) -> None:
         p = spec.params
+        self.check_lora(spec.lora_path)
         if prompt and max(prompt) >= self.info.vocab_size:
             bad = next(t for t in prompt if t >= self.info.vocab_size)
             raise ValueError(
@@ -227,6 +235,7 @@ class TokenizerManager:
                     top_logprobs_num=spec.top_logprobs_num,
                     token_ids_logprob=spec.token_ids_logprob,
                     stream=spec.stream,
+                    lora_path=spec.lora_path,
                 )
             )
         payloads = encode_parts(msgs)
@@ -306,6 +315,23 @@ class TokenizerManager:
         reply = await self._control(GetStateReq())
         assert isinstance(reply, StateOut)
         return reply.state
+
+    def check_lora(self, name: str | None) -> None:
+        """ValueError (a 400) for a LoRA adapter that is not served."""
+        adapters = self.lora_adapters
+        if name is not None and name not in adapters:
+            served = ", ".join(adapters) or "none"
+            raise ValueError(f"unknown LoRA adapter {name!r} (loaded: {served})")
+
+    async def update_lora(self, msg: LoadLoraReq | UnloadLoraReq) -> LoraOut:
+        """Load or unload an adapter in the scheduler; the adapters served follow its reply (an
+        unloaded one is refused from the moment the unload is sent)."""
+        if isinstance(msg, UnloadLoraReq):
+            self.lora_adapters = {n: p for n, p in self.lora_adapters.items() if n != msg.name}
+        reply = await self._control(msg)
+        assert isinstance(reply, LoraOut)
+        self.lora_adapters = dict(reply.adapters)
+        return reply
 
     async def _control(self, msg: Message) -> Message:
         self._raise_if_down()

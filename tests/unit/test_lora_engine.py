@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from lora_helpers import ADAPTERS, NEW_TOKENS, PROMPTS, build_lora_setup
 
 from weft.runtime.config import EngineConfig
 from weft.runtime.executor.lora_step import attach_sites
@@ -23,58 +24,11 @@ peft = pytest.importorskip("peft", reason="peft is not installed (pip install -e
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
 
-NEW_TOKENS = 8
-PROMPTS = [[5, 17, 33, 8, 91, 40, 2 + 60, 7], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21], [99, 3]]
-ADAPTERS = {  # name -> peft LoraConfig fields (random A and B: init_lora_weights=False)
-    "all": {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"},
-    "rs": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"],
-           "use_rslora": True},
-    "attn": {"r": 2, "lora_alpha": 4, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
-}  # fmt: skip
-
-
-def _config() -> Any:
-    return transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        eos_token_id=2, bos_token_id=1, tie_word_embeddings=False,
-        architectures=["LlamaForCausalLM"],
-    )  # fmt: skip
-
-
-def _base() -> Any:
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(_config()).eval()
-
-
-def _greedy(model: Any, prompt: list[int]) -> list[int]:
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(NEW_TOKENS):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
-
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path], dict]:
     """(base model folder, adapter name -> folder, (adapter or None, prompt index) -> HF tokens)."""
-    root = tmp_path_factory.mktemp("lora-engine")
-    base = _base()
-    base.save_pretrained(root / "base", safe_serialization=True)
-    expected = {(None, i): _greedy(base, p) for i, p in enumerate(PROMPTS)}
-    folders = {}
-    for seed, (name, spec) in enumerate(ADAPTERS.items(), start=1):
-        torch.manual_seed(seed)
-        wrapped = peft.get_peft_model(_base(), peft.LoraConfig(init_lora_weights=False, **spec))
-        with torch.no_grad():  # larger B: the adapters change greedy outputs
-            for module in wrapped.modules():
-                if hasattr(module, "lora_B") and "default" in getattr(module, "lora_B", {}):
-                    module.lora_B["default"].weight.mul_(4.0)
-        folders[name] = root / name
-        wrapped.save_pretrained(folders[name])
-        merged = wrapped.merge_and_unload().eval()
-        expected.update({(name, i): _greedy(merged, p) for i, p in enumerate(PROMPTS)})
-    return root / "base", folders, expected
+    return build_lora_setup(tmp_path_factory.mktemp("lora-engine"))
 
 
 def _scheduler(setup: tuple, **config: Any) -> Scheduler:

@@ -1,4 +1,5 @@
-"""SGLang's native HTTP API: /generate (SSE with cumulative text), health, info, cache, abort, tokenize."""
+"""SGLang's native HTTP API: /generate (SSE with cumulative text), health, info, cache, abort, tokenize,
+LoRA adapters loaded and unloaded while serving."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from weft.runtime.ipc.messages import LoadLoraReq, LoraOut, UnloadLoraReq
 from weft.runtime.server.chat import chat_text, normalize_messages
 from weft.runtime.server.generate_input import GenerateInput
+from weft.runtime.server.http.errors import BadRequest
 from weft.runtime.server.http.responses import (
     held_stream,
     log_stream_disconnect,
@@ -27,7 +30,7 @@ from weft.runtime.server.tokenizer_manager import RuntimeDown
 router = APIRouter()
 
 _INPUT_FIELDS = {f.name for f in fields(GenerateInput)} - {"extra"}
-_UNSUPPORTED = ("image_data", "video_data", "audio_data", "lora_path", "input_embeds")
+_UNSUPPORTED = ("image_data", "video_data", "audio_data", "input_embeds")
 _IGNORED = ("session_id", "priority", "custom_logit_processor", "return_hidden_states", "extra_key")
 # the prompt's logprob lists: whole in every event of a cumulative stream (they come at once);
 # the output's (output_token_logprobs, ...) are the event's own tokens in either stream mode, with
@@ -195,6 +198,46 @@ async def flush_cache(request: Request, timeout: float = 0.0) -> Response:
         if asyncio.get_running_loop().time() >= deadline:
             return PlainTextResponse(reply.message + "\n", status_code=400)
         await asyncio.sleep(0.1)
+
+
+@router.post("/load_lora_adapter")
+async def load_lora_adapter(request: Request) -> dict[str, Any]:
+    """SGLang's body {"lora_name", "lora_path"}: serve that PEFT folder under that name from now
+    on. A bad adapter (or a name in use) is a 400 with the reason, and nothing else changes."""
+    state = state_of(request)
+    name, path = _lora_fields(await read_json(request), "lora_name", "lora_path")
+    if name == state.config.model_name:
+        raise BadRequest(f"lora_name {name!r} is the base model's name: choose another", 400)
+    return _lora_reply(await state.manager.update_lora(LoadLoraReq(name, path)))
+
+
+@router.post("/unload_lora_adapter")
+async def unload_lora_adapter(request: Request) -> dict[str, Any]:
+    """SGLang's body {"lora_name"}: new requests for it are refused at once (a 400); those
+    already sent keep it until they finish. A name not loaded is a 404."""
+    (name,) = _lora_fields(await read_json(request), "lora_name")
+    return _lora_reply(await state_of(request).manager.update_lora(UnloadLoraReq(name)))
+
+
+def _lora_fields(body: Any, *names: str) -> list[str]:
+    if not isinstance(body, Mapping):
+        raise ValueError("the request body must be a JSON object")
+    unknown = set(body) - set(names)
+    if unknown:
+        raise ValueError(f"unknown field(s): {', '.join(sorted(unknown))}")
+    values = []
+    for name in names:
+        value = body.get(name)
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        values.append(value)
+    return values
+
+
+def _lora_reply(reply: LoraOut) -> dict[str, Any]:
+    if not reply.success:
+        raise BadRequest(reply.message, reply.status)
+    return {"success": True, "message": reply.message, "loaded_adapters": reply.adapters}
 
 
 @router.post("/abort_request")

@@ -46,32 +46,68 @@ R = TypeVar("R", CompletionRequest, ChatCompletionRequest)
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": [_model_card(state_of(request))]}
+    """The base model, then each LoRA adapter served (its `parent` is the base model, as vLLM's)."""
+    state = state_of(request)
+    adapters = state.manager.lora_adapters
+    return {
+        "object": "list",
+        "data": [_model_card(state), *(_model_card(state, n) for n in adapters)],
+    }
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(request: Request, model_id: str) -> Response:
     state = state_of(request)
-    if model_id != state.config.model_name:
-        raise _model_not_found(model_id)
-    return JSONResponse(_model_card(state))
+    if model_id == state.config.model_name:
+        return JSONResponse(_model_card(state))
+    if model_id in state.manager.lora_adapters:
+        return JSONResponse(_model_card(state, model_id))
+    raise _model_not_found(model_id)
 
 
-def _model_card(state: AppState) -> dict[str, Any]:
-    name = state.config.model_name
-    return {
-        "id": name,
+def _model_card(state: AppState, adapter: str | None = None) -> dict[str, Any]:
+    base = state.config.model_name
+    card = {
+        "id": base,
         "object": "model",
         "created": int(state.started_at),
         "owned_by": "weft",
-        "root": name,
+        "root": base,
         "parent": None,
         "max_model_len": state.rt.info.context_len,
     }
+    if adapter is not None:
+        root = state.manager.lora_adapters.get(adapter, adapter)
+        card.update(id=adapter, root=root, parent=base)
+    return card
 
 
-def _model_not_found(name: str) -> BadRequest:
-    return BadRequest(f"The model '{name}' does not exist", 404, "model", code="model_not_found")
+def _model_not_found(name: str, why: str = "") -> BadRequest:
+    message = f"The model '{name}' does not exist{why}"
+    return BadRequest(message, 404, "model", code="model_not_found")
+
+
+def lora_of(state: AppState, req: CompletionRequest | ChatCompletionRequest) -> str | None:
+    """The LoRA adapter a /v1 request runs: named by `model` ("base:adapter" or the adapter's own
+    name, as SGLang and vLLM take it) or by SGLang's `lora_path`; None: the base model. A model
+    this server does not serve is a 404."""
+    base, adapters = state.config.model_name, state.manager.lora_adapters
+    served = ", ".join(adapters) or "none"
+    if req.model in (base, "default"):
+        adapter = None
+    elif req.model.startswith(f"{base}:"):
+        adapter = req.model[len(base) + 1 :]
+        if adapter not in adapters:
+            why = f": no LoRA adapter {adapter!r} is loaded (loaded: {served})"
+            raise _model_not_found(req.model, why)
+    elif req.model in adapters:
+        adapter = req.model
+    else:
+        raise _model_not_found(req.model)
+    if req.lora_path is not None and adapter is not None and req.lora_path != adapter:
+        raise BadRequest(f"model {req.model!r} and lora_path {req.lora_path!r} name different "
+                         "LoRA adapters", 400, "lora_path")  # fmt: skip
+    return adapter if adapter is not None else req.lora_path
 
 
 ##### /v1/completions #####
@@ -79,7 +115,7 @@ def _model_not_found(name: str) -> BadRequest:
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    state, req = await v1_request(request, CompletionRequest)
+    state, req, lora = await v1_request(request, CompletionRequest)
     if req.best_of is not None and req.best_of not in (1, req.n):
         raise BadRequest("best_of is not supported (only best_of == n)", 400, "best_of")
     if req.echo:
@@ -105,6 +141,7 @@ async def completions(request: Request) -> Response:
         top_logprobs_num=req.logprobs or 0,
         return_text_in_logprobs=True,
         stream=req.stream,
+        lora_path=lora,
     )
     manager = state.manager
     states = await manager.submit(obj)
@@ -202,19 +239,18 @@ def _ids_without_text(out: dict[str, Any]) -> list[int] | None:
 ##### Shared #####
 
 
-async def v1_request(request: Request, cls: type[R]) -> tuple[AppState, R]:
-    """The route's state and its /v1 body as `cls`, for a model this server serves (else a 404),
-    with stream_options only where stream is true."""
+async def v1_request(request: Request, cls: type[R]) -> tuple[AppState, R, str | None]:
+    """The route's state, its /v1 body as `cls` and the LoRA adapter it runs (lora_of), for a
+    model this server serves (else a 404), with stream_options only where stream is true."""
     state = state_of(request)
     req = parse_request(cls, await read_json(request, strict=True))
-    if req.model not in (state.config.model_name, "default"):
-        raise _model_not_found(req.model)
+    lora = lora_of(state, req)
     if req.stream_options is not None and not req.stream:
         raise BadRequest(
             "stream_options is only allowed when stream is true", 400, "stream_options"
         )
     _check_limits(state, req)
-    return state, req
+    return state, req, lora
 
 
 def _check_limits(state: AppState, req: CompletionRequest | ChatCompletionRequest) -> None:

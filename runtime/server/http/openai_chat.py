@@ -61,7 +61,7 @@ def _tool_format(state: AppState) -> tuple[ToolFormat, bool]:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    state, req = await v1_request(request, ChatCompletionRequest)
+    state, req, lora = await v1_request(request, ChatCompletionRequest)
     state.tokenizer_for("/v1/chat/completions (its messages are text)")
     if req.top_logprobs is not None and not req.logprobs:
         raise BadRequest("top_logprobs needs logprobs to be true", 400, "top_logprobs")
@@ -109,6 +109,7 @@ async def chat_completions(request: Request) -> Response:
         top_logprobs_num=req.top_logprobs or 0,
         return_text_in_logprobs=True,
         stream=req.stream,
+        lora_path=lora,
     )
     manager = state.manager
     states = await manager.submit(obj)

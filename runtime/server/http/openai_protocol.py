@@ -16,7 +16,6 @@ from weft.runtime.server.http.tool_parser import ToolFormat
 # Known fields weft cannot honour: a 400 naming the field when one is set (not null).
 UNSUPPORTED_FIELDS = {
     "suffix": "suffix (insertion) is not supported by this server",
-    "lora_path": "LoRA adapters (lora_path) are not supported by this server",
     "functions": "functions is deprecated and not supported: use tools",
     "function_call": "function_call is deprecated and not supported: use tool_choice",
     "audio": "audio output is not supported by this server",
@@ -130,7 +129,7 @@ class _Common(_Strict):
     service_tier: str | None = None
     cache_salt: str | None = None
     priority: int | None = None
-    lora_path: Any = None
+    lora_path: str | None = None  # SGLang's: the adapter's name (model="base:name" does the same)
     return_hidden_states: Any = None
     session_params: Any = None
 
