@@ -10,7 +10,15 @@ from typing import Any
 from weft.lang.backends.base import Backend
 from weft.lang.choices import ChoicesMethod, token_length_normalized
 from weft.lang.ir import Gen, Node, RoleBegin, RoleEnd, Select, to_node
-from weft.lang.params import GenParams, as_dtype, as_ids, as_json_schema, as_strs, check_regex
+from weft.lang.params import (
+    GenParams,
+    as_dtype,
+    as_ids,
+    as_json_schema,
+    as_lora,
+    as_strs,
+    check_regex,
+)
 
 
 def gen(
@@ -37,18 +45,22 @@ def gen(
     choices_method: ChoicesMethod | None = None,
     regex: str | None = None,
     json_schema: Any = None,
+    lora: str | None = None,
 ) -> Node:
     """A generation stored in `s[name]`. Every argument left None inherits run()'s default.
 
     `choices=[...]` makes it a select. `regex` is compiled here (re.error at the call);
     `json_schema` is a JSON string, a dict, or a pydantic model class (then `s.parsed(name)`
-    gives the validated object); `dtype` (int/float/str/bool) becomes a regex."""
+    gives the validated object); `dtype` (int/float/str/bool) becomes a regex. `lora` names
+    the LoRA adapter to generate with (sent as the request's lora_path; run(lora=...) sets the
+    program's default)."""
     if choices is not None:
         return select(
             name,
             choices,
             temperature=0.0 if temperature is None else temperature,
             choices_method=choices_method or token_length_normalized,
+            lora=lora,
         )
     if n is not None and n < 1:
         raise ValueError(f"gen: n must be at least 1, got {n}")
@@ -75,6 +87,7 @@ def gen(
         regex=check_regex(regex),
         json_schema=schema,
         schema_model=model,
+        lora=as_lora("gen", lora),
     )
     if sum(x is not None for x in (params.regex, params.json_schema)) > 1:
         raise ValueError("gen: give at most one of regex and json_schema")
@@ -98,9 +111,11 @@ def select(
     choices: Sequence[str] | None = None,
     temperature: float = 0.0,
     choices_method: ChoicesMethod = token_length_normalized,
+    lora: str | None = None,
 ) -> Node:
     """Append exactly one of `choices`: the one the model scores best as a continuation
-    (token-length-normalized logprob by default; ties go to the first)."""
+    (token-length-normalized logprob by default; ties go to the first), scored under the LoRA
+    adapter `lora` (None: the program's default, run(lora=...))."""
     if not choices or isinstance(choices, str):
         raise ValueError(f"select: choices must be a non-empty list of strings, got {choices!r}")
     if not all(isinstance(c, str) and c for c in choices):
@@ -110,7 +125,7 @@ def select(
             "select: choices_method must be one of weft's choices methods "
             "(token_length_normalized, greedy_token_selection, unconditional_likelihood_normalized)"
         )
-    return Select(name, tuple(choices), temperature, choices_method)
+    return Select(name, tuple(choices), temperature, choices_method, as_lora("select", lora))
 
 
 ##### Roles #####

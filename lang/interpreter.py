@@ -153,7 +153,7 @@ class StreamExecutor:
             raise ValueError(f"fork: n must be at least 1, got {n}")
         self.sync()
         if n > 1 and self.text and self.error is None:
-            self.backend.cache_prefix(self.text)
+            self.backend.cache_prefix(self.text, self.defaults.lora)
         children = [
             StreamExecutor(self.backend, self.defaults, self.stream, parent=self) for _ in range(n)
         ]
@@ -302,7 +302,8 @@ class StreamExecutor:
             self._set(node.name, values, metas)
 
     def _select(self, node: Select) -> None:
-        req = SelectRequest(self._context(), node.choices, node.temperature, node.method)
+        lora = node.lora if node.lora is not None else self.defaults.lora
+        req = SelectRequest(self._context(), node.choices, node.temperature, node.method, lora)
         decision = self.backend.select(req)
         self._append(decision.decision)
         with self.cond:

@@ -47,6 +47,7 @@ class Select(Node):
     choices: tuple[str, ...]
     temperature: float
     method: ChoicesMethod
+    lora: str | None = None  # None: the program's default adapter
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ class GenParams:
     regex: str | None = None
     json_schema: str | None = None  # JSON text
     schema_model: Any = None  # the pydantic class json_schema came from (for s.parsed)
+    lora: str | None = None  # the LoRA adapter's name (the server's lora_path)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class SamplingArgs:
     return_text_in_logprobs: bool = False
     regex: str | None = None
     json_schema: str | None = None
+    lora: str | None = None  # LoRA adapter name: sent as the request's lora_path, not sampled
 
     def sampling_params(self) -> dict[str, Any]:
         """The native /generate `sampling_params` (grammar fields only when set)."""
@@ -154,6 +156,13 @@ def as_ids(name: str, value: Sequence[int] | None) -> tuple[int, ...] | None:
     if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in items):
         raise ValueError(f"gen: {name} must be a list of token ids, got {value!r}")
     return items
+
+
+def as_lora(where: str, lora: Any) -> str | None:
+    """A LoRA adapter's name (as the server knows it), or None for the base model."""
+    if lora is not None and not (isinstance(lora, str) and lora):
+        raise ValueError(f"{where}: lora must be an adapter's name (a non-empty str), got {lora!r}")
+    return lora
 
 
 def check_regex(regex: str | None) -> str | None:

@@ -15,7 +15,7 @@ from weft.lang.api import resolve_backend
 from weft.lang.backends.base import Backend
 from weft.lang.interpreter import StreamExecutor
 from weft.lang.ir import Argument
-from weft.lang.params import SamplingArgs, as_ids, as_strs
+from weft.lang.params import SamplingArgs, as_ids, as_lora, as_strs
 from weft.lang.state import ProgramState
 from weft.lang.tracer import MIN_WARM_PREFIX_CHARS, TracerProgramState, static_prefix
 
@@ -92,11 +92,13 @@ class Program:
         logprob_start_len: int | None = None,
         top_logprobs_num: int | None = None,
         return_text_in_logprobs: bool | None = None,
+        lora: str | None = None,
         stream: bool = False,
         backend: Any = None,
         **kwargs: Any,
     ) -> ProgramState:
-        """Run the program; the sampling keywords are the defaults of every gen in it.
+        """Run the program; the sampling keywords are the defaults of every gen in it, and
+        `lora` the LoRA adapter (by name) of every gen and select that names none.
 
         Without stream the call returns once everything is generated; with stream=True it
         returns at once and `s.text_iter()` follows the generation."""
@@ -119,6 +121,7 @@ class Program:
             logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num,
             return_text_in_logprobs=bool(return_text_in_logprobs),
+            lora=as_lora("run", lora),
         )
         return self._run(b, bound, defaults, stream)
 
@@ -146,8 +149,9 @@ class Program:
         if unknown:
             raise TypeError(f"run_batch: unknown keyword argument(s) {', '.join(unknown)}")
         state_defaults = {**RUN_DEFAULTS, **defaults}
+        lora = as_lora("run_batch", state_defaults["lora"])
         if len(items) > 1:
-            self._warm(b, MIN_WARM_PREFIX_CHARS)
+            self._warm(b, MIN_WARM_PREFIX_CHARS, lora)
         if num_threads == "auto":
             threads = min(max(96, 16 * (os.cpu_count() or 1)), len(items))
         elif isinstance(num_threads, int) and num_threads >= 1:
@@ -185,11 +189,12 @@ class Program:
         self.func(tracer, **{**self.bind_arguments, **args, **kwargs})
         return tracer
 
-    def cache(self, backend: Any = None) -> str:
-        """Prefill the constant prefix every run starts with; returns it ("" if none)."""
-        return self._warm(resolve_backend(backend), 0)
+    def cache(self, backend: Any = None, lora: str | None = None) -> str:
+        """Prefill the constant prefix every run starts with (under the LoRA adapter `lora`);
+        returns it ("" if none)."""
+        return self._warm(resolve_backend(backend), 0, as_lora("cache", lora))
 
-    def _warm(self, backend: Backend, min_chars: int) -> str:
+    def _warm(self, backend: Backend, min_chars: int, lora: str | None = None) -> str:
         try:
             nodes = self.trace().flatten_nodes()
         except Exception as e:  # tracing is best effort: the program may compute on its arguments
@@ -197,7 +202,7 @@ class Program:
             return ""
         prefix = static_prefix(nodes, backend.chat_template())
         if len(prefix) > min_chars:
-            backend.cache_prefix(prefix)
+            backend.cache_prefix(prefix, lora)
             return prefix
         return ""
 
@@ -266,6 +271,7 @@ RUN_DEFAULTS: dict[str, Any] = {
     "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0,
     "presence_penalty": 0.0, "ignore_eos": False, "return_logprob": None,
     "logprob_start_len": None, "top_logprobs_num": None, "return_text_in_logprobs": None,
+    "lora": None,
 }  # fmt: skip
 
 

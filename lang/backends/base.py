@@ -38,6 +38,7 @@ class SelectRequest:
     choices: tuple[str, ...]
     temperature: float
     method: ChoicesMethod
+    lora: str | None = None  # the LoRA adapter to score under (None: the base model)
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,9 @@ class Backend(ABC):
         """Score every choice as a continuation of the program text and let the method decide."""
 
     @abstractmethod
-    def cache_prefix(self, text: str) -> None:
-        """Prefill `text` (no generation) so later requests that start with it hit the cache."""
+    def cache_prefix(self, text: str, lora: str | None = None) -> None:
+        """Prefill `text` (no generation) so later requests that start with it hit the cache
+        (under the LoRA adapter `lora`: each adapter has its own cached prefixes)."""
 
     @abstractmethod
     def flush_cache(self) -> bool:

@@ -16,6 +16,7 @@ _ENGINE_ARGS = (
     "top_logprobs_num",
     "token_ids_logprob",
     "return_text_in_logprobs",
+    "lora_path",
 )
 
 

@@ -128,7 +128,7 @@ class FakeBackend(Backend):
         decision.meta_info["prompt_tokens"] = len(tokens(req.ctx.text))
         return decision
 
-    def cache_prefix(self, text: str) -> None:
+    def cache_prefix(self, text: str, lora: str | None = None) -> None:
         self._record(("cache_prefix", text))
         self._remember(text)
 

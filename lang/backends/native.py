@@ -75,9 +75,11 @@ class NativeBackend(Backend):
         for text, meta in self._generate_stream({**_payload(req), "stream": True}):
             yield StreamDelta(text, meta)
 
-    def cache_prefix(self, text: str) -> None:
+    def cache_prefix(self, text: str, lora: str | None = None) -> None:
         if text:
-            self._generate({"text": text, "sampling_params": {"max_new_tokens": 0}})
+            self._generate(
+                {"text": text, "sampling_params": {"max_new_tokens": 0}, **_lora_field(lora)}
+            )
 
     def select(self, req: SelectRequest) -> ChoicesDecision:
         """Score each choice by the logprobs of exactly its tokens after the prompt.
@@ -102,16 +104,21 @@ class NativeBackend(Backend):
         for choice, row, start in zip(choices, choice_ids, starts, strict=True):
             if start >= len(row):
                 raise ValueError(f"select: choice {choice!r} adds no token to the prompt")
+        lora = _lora_field(req.lora)
         if prompt_ids:
-            self._generate({"input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 0}})
-        scored = _as_list(self._generate(_score_payload(choice_ids, starts)))
+            self._generate(
+                {"input_ids": prompt_ids, "sampling_params": {"max_new_tokens": 0}, **lora}
+            )
+        scored = _as_list(self._generate({**_score_payload(choice_ids, starts), **lora}))
         cond: list[list[LogprobEntry]] = [_entries(o) for o in scored]
         uncond = None
         if req.method.requires_unconditional_logprobs:
             alone = [row[s:] for row, s in zip(choice_ids, starts, strict=True)]
             uncond = [
                 _entries(o)
-                for o in _as_list(self._generate(_score_payload(alone, [0] * len(alone))))
+                for o in _as_list(
+                    self._generate({**_score_payload(alone, [0] * len(alone)), **lora})
+                )
             ]
         decision = req.method(
             choices=choices,
@@ -130,7 +137,14 @@ def _payload(req: GenRequest) -> dict[str, Any]:
         "text": req.ctx.text,
         "sampling_params": req.args.sampling_params(),
         **req.args.logprob_fields(),
+        **_lora_field(req.args.lora),
     }
+
+
+def _lora_field(lora: str | None) -> dict[str, Any]:
+    """The request's `lora_path` (the adapter's name), only when one is asked for: a request
+    without it runs on the base model on any server."""
+    return {} if lora is None else {"lora_path": lora}
 
 
 def _score_payload(rows: list[list[int]], starts: list[int]) -> dict[str, Any]:

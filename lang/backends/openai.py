@@ -108,7 +108,7 @@ class OpenAI(Backend):
             return self._select_constrained(req)
         prompts = [req.ctx.text + c for c in req.choices]
         body = {
-            "model": self.model,
+            "model": self._model(req.lora),
             "prompt": prompts,
             "max_tokens": 1,
             "echo": True,
@@ -132,7 +132,7 @@ class OpenAI(Backend):
             output_token_logprobs=[[] for _ in req.choices],
         )
 
-    def cache_prefix(self, text: str) -> None:
+    def cache_prefix(self, text: str, lora: str | None = None) -> None:
         """Nothing to do: OpenAI-compatible servers cache prompt prefixes on their own."""
 
     def flush_cache(self) -> bool:
@@ -153,7 +153,8 @@ class OpenAI(Backend):
             "required": ["choice"],
             "additionalProperties": False,
         }
-        _, body = self._body(req.ctx, SamplingArgs(max_new_tokens=None, temperature=0.0))
+        args = SamplingArgs(max_new_tokens=None, temperature=0.0, lora=req.lora)
+        _, body = self._body(req.ctx, args)
         body["response_format"] = {
             "type": "json_schema",
             "json_schema": {"name": "choice", "schema": schema, "strict": True},
@@ -174,7 +175,7 @@ class OpenAI(Backend):
 
     def _body(self, ctx: Context, args: SamplingArgs) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {
-            "model": self.model,
+            "model": self._model(args.lora),
             "temperature": args.temperature,
             "top_p": args.top_p,
             "n": args.n,
@@ -216,6 +217,10 @@ class OpenAI(Backend):
             if args.top_logprobs_num:
                 body["top_logprobs"] = args.top_logprobs_num
         return "/chat/completions", {**body, "messages": list(ctx.messages)}
+
+    def _model(self, lora: str | None) -> str:
+        """The request's model: a LoRA adapter is named as "base:adapter" (SGLang, weft)."""
+        return self.model if lora is None else f"{self.model}:{lora}"
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", path, body)
