@@ -17,9 +17,15 @@ from weft.constrain.errors import STRICT_NOTE, GrammarError
 from weft.constrain.formats import INEXACT_FORMATS, format_patterns
 from weft.constrain.llguidance_matcher import LLGuidanceMatcher
 from weft.constrain.llguidance_prefetch import MaskWorker
-from weft.constrain.regex_text import ascii_digits, lark_ascii_digits
-from weft.constrain.schema import llguidance_keywords, without_patterns, without_remote_refs
+from weft.constrain.regex_text import ascii_classes, lark_ascii_classes
+from weft.constrain.schema import (
+    ascii_class_patterns,
+    llguidance_keywords,
+    without_patterns,
+    without_remote_refs,
+)
 from weft.constrain.schema_paths import integral_counts, located
+from weft.constrain.schema_refs import merged_sibling_refs
 from weft.constrain.spec import GrammarSpec
 from weft.constrain.structural_format import format_grammar, format_texts
 from weft.constrain.structural_tag import structural_tag_format
@@ -38,6 +44,7 @@ PARSER_LIMITS: dict[str, Any] = {
 }
 MAX_REPAIRS = 8  # compile rounds that each drop what one library error was about
 _REMOTE = re.compile(r"Resource '([^']*)' is not present in a registry")
+_SHORTHAND = re.compile(r"\\\\[dDwWsS]")  # `\d` in a schema's JSON text (where it is `\\d`)
 _Repair = tuple[dict[str, Any], list[str]]  # a repaired schema, the keywords it no longer enforces
 
 
@@ -101,11 +108,15 @@ class LLGuidanceBackend(GrammarBackend):
 
     def _rewritten(self, spec: GrammarSpec) -> tuple[GrammarSpec, list[str]]:
         """(`spec` with weft's rewrites applied (itself if none applies), the formats its
-        grammar enforces only in part: refused if strict). Formats become patterns (formats.py)."""
+        grammar enforces only in part: refused if strict). Recursive `$ref`s with siblings become
+        merged definitions (schema_refs.py), formats become patterns (formats.py);
+        patterns read `\\d` `\\w` `\\s` as ASCII (the library reads `\\s` as Unicode's spaces)."""
         if spec.kind != "json_schema" or not self.rewrites:
             return spec, []
         schema = json.loads(spec.spec)
-        fixed, inexact = format_patterns(integral_counts(schema))
+        fixed, inexact = format_patterns(merged_sibling_refs(integral_counts(schema)))
+        if _SHORTHAND.search(spec.spec) and (ascii := ascii_class_patterns(fixed)) != fixed:
+            fixed = ascii
         if inexact and self.strict_for(spec):
             why = ", ".join(f"{k} ({INEXACT_FORMATS[k[len('format:') :]]})" for k in inexact)
             where = located(schema, inexact).partition(" ")[2]
@@ -226,7 +237,7 @@ class LLGuidanceBackend(GrammarBackend):
             except ValueError as e:  # e.g. nesting deeper than its JSON parser's recursion limit
                 raise GrammarError(f"invalid json_schema: {e}") from None
         if spec.kind == "regex":
-            return make.grammar_from_regex(ascii_digits(spec.spec))
+            return make.grammar_from_regex(ascii_classes(spec.spec))
         if spec.kind == "choices":
             lark = "start: " + " | ".join(json.dumps(c) for c in spec.choice_list())
             return make.grammar_from_lark(lark)
@@ -234,7 +245,7 @@ class LLGuidanceBackend(GrammarBackend):
             lark = llguidance.grammar_from("ebnf", spec.spec)  # Lark, or GBNF converted to Lark
         except ValueError as e:
             raise GrammarError(f"invalid ebnf grammar: {e}") from None
-        return lark_ascii_digits(lark)
+        return lark_ascii_classes(lark)
 
     def _structural_tag_grammar(self, spec: GrammarSpec) -> tuple[str, frozenset[int]]:
         """The grammar and its structure tokens (special / added tokens its tags hold)."""

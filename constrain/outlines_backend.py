@@ -17,8 +17,8 @@ import outlines_core
 import weft.constrain._outlines_worker as worker
 from weft.constrain.base import CompiledGrammar, GrammarBackend, GrammarMatcher
 from weft.constrain.errors import STRICT_NOTE, GrammarError
-from weft.constrain.regex_text import ascii_digits
-from weft.constrain.schema import ascii_digit_patterns, prepare_for_outlines
+from weft.constrain.regex_text import ascii_classes
+from weft.constrain.schema import ascii_class_patterns, prepare_for_outlines
 from weft.constrain.spec import GrammarSpec
 from weft.constrain.vocab import TokenSpace, token_bytes_table
 
@@ -71,7 +71,7 @@ class OutlinesBackend(GrammarBackend):
     def _to_job(self, spec: GrammarSpec) -> tuple[str, str, list[str]]:
         if spec.kind == "json_schema":
             schema, unenforced = prepare_for_outlines(json.loads(spec.spec), self.strict)
-            schema = ascii_digit_patterns(schema)
+            schema = ascii_class_patterns(schema)
             if spec.strict and unenforced:
                 names = ", ".join(unenforced)
                 why = f"unsupported JSON schema keyword(s) for outlines: {names}{STRICT_NOTE}"
@@ -80,7 +80,7 @@ class OutlinesBackend(GrammarBackend):
         if spec.kind == "json_object":
             return "schema", '{"type":"object"}', []
         if spec.kind == "regex":
-            return "regex", ascii_digits(spec.spec), []
+            return "regex", ascii_classes(spec.spec), []
         if spec.kind == "choices":
             return "regex", "(" + "|".join(map(_escape, spec.choice_list())) + ")", []
         what = "ebnf grammars" if spec.kind == "ebnf" else spec.kind

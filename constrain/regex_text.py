@@ -1,5 +1,6 @@
 """Regex and Lark text, read without compiling: counted repetitions and the expanded size (for the
-grammar limits), and `\\d` / `\\D` rewritten to ASCII digits (as xgrammar and SGLang read them).
+grammar limits), and the classes `\\d` `\\w` `\\s` (and `\\D` `\\W` `\\S`) rewritten to their ASCII
+meaning, as Python's `re.ASCII`, xgrammar and SGLang read them.
 
 The dialect is Rust's regex-syntax (llguidance and outlines-core both parse with it). A pattern
 the scan does not understand is left to the backend, which refuses it with its own message.
@@ -13,6 +14,15 @@ from dataclasses import dataclass
 
 _QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
 _LARK_REPEAT = re.compile(r"~\s*(\d+)(\s*\.\.\s*(\d+))?")
+_SHORTHAND = re.compile(r"\\[dDwWsS]")
+# NOTE: the members of Python's ASCII `\d` `\w` `\s`, as the body of a Rust regex class; `\s` is
+# spelled in hex escapes so that a verbose-mode `(?x)` pattern cannot drop its space.
+ASCII_CLASSES = {
+    "d": "0-9",
+    "w": "A-Za-z0-9_",
+    "s": "\\x09-\\x0D\\x20",
+}
+ASCII_CLASSES.update({k.upper(): v for k, v in ASCII_CLASSES.items()})
 
 
 @dataclass(frozen=True)
@@ -53,19 +63,25 @@ def regex_size(pattern: str) -> RegexSize:
     return RegexSize(max_repeat, sum(totals), depth)
 
 
-def ascii_digits(pattern: str) -> str:
-    """`pattern` with `\\d` as `[0-9]` and `\\D` as `[^0-9]`, in character classes too (`[\\d_]`
-    is `[0-9_]`, `[\\D_]` the nested class `[[^0-9]_]`); everything else as written."""
-    if "\\d" not in pattern and "\\D" not in pattern:
+def ascii_classes(pattern: str) -> str:
+    """`pattern` with `\\d` `\\w` `\\s` as Python's ASCII classes (`[0-9]`, `[A-Za-z0-9_]`,
+    `[\\t\\n\\v\\f\\r ]`) and `\\D` `\\W` `\\S` as their negations, in character classes too
+    (`[\\w-]` is `[A-Za-z0-9_-]`, `[\\S_]` the nested class `[[^...]_]`); everything else as written
+    (`\\\\w` is a backslash, then w)."""
+    if _SHORTHAND.search(pattern) is None:
         return pattern
     out: list[str] = []
-    for kind, text in _regex_tokens(pattern, classes=True):
-        if text == "\\d":
-            out.append("0-9" if kind == "class_item" else "[0-9]")
-        elif text == "\\D":
-            out.append("[^0-9]")
-        else:
+    tokens = list(_regex_tokens(pattern, classes=True))
+    for i, (kind, text) in enumerate(tokens):
+        body = ASCII_CLASSES.get(text[1:]) if len(text) == 2 and text[0] == "\\" else None
+        if body is None:
             out.append(text)
+        elif text[1].isupper():
+            out.append(f"[^{body}]")
+        elif kind == "class_item" and not _starts_range(tokens[i + 1 : i + 3]):
+            out.append(body)
+        else:  # NOTE: `[\w-z]` is \w, `-`, z: a bare `0-9_` would make `_-z` a range
+            out.append(f"[{body}]")
     return "".join(out)
 
 
@@ -112,13 +128,13 @@ def lark_repeats(grammar: str) -> Iterator[int]:
         i += 1
 
 
-def lark_ascii_digits(grammar: str) -> str:
-    """A Lark grammar with `ascii_digits` applied to each `/regex/` literal."""
-    if "\\d" not in grammar and "\\D" not in grammar:
+def lark_ascii_classes(grammar: str) -> str:
+    """A Lark grammar with `ascii_classes` applied to each `/regex/` literal."""
+    if _SHORTHAND.search(grammar) is None:
         return grammar
     out, at = [], 0
     for start, end in lark_regexes(grammar):
-        out += [grammar[at:start], ascii_digits(grammar[start:end])]
+        out += [grammar[at:start], ascii_classes(grammar[start:end])]
         at = end
     out.append(grammar[at:])
     return "".join(out)
@@ -184,6 +200,11 @@ def _class_tokens(text: str) -> Iterator[tuple[str, str]]:
         else:
             yield ("class" if ch in "[]^" else "class_item"), ch
             i += 1
+
+
+def _starts_range(tokens: list[tuple[str, str]]) -> bool:
+    """Whether these class pieces, after a class item, make it a range's start (`-` then a char)."""
+    return len(tokens) == 2 and tokens[0] == ("class_item", "-") and tokens[1][0] == "class_item"
 
 
 def _escape_end(pattern: str, i: int) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from weft.constrain.errors import GrammarError
-from weft.constrain.regex_text import ascii_digits
+from weft.constrain.regex_text import ascii_classes
 
 # Keywords that never constrain an instance (ignored by every backend, never reported).
 ANNOTATIONS = frozenset(
@@ -136,16 +136,16 @@ def without_patterns(
     return schema, list(dict.fromkeys(dropped))
 
 
-def ascii_digit_patterns(schema: Any) -> Any:
-    """A copy of `schema` with `\\d` / `\\D` read as ASCII digits in every regex (`pattern`,
-    `patternProperties` keys), as JSON Schema's ECMA-262 regexes read them."""
+def ascii_class_patterns(schema: Any) -> Any:
+    """A copy of `schema` with `\\d` `\\w` `\\s` (and negations) read as Python's ASCII classes in
+    every regex (`pattern`, `patternProperties` keys): regex_text.ascii_classes."""
     schema = copy.deepcopy(schema)
     for node in walk(schema):
         if isinstance(node.get("pattern"), str):
-            node["pattern"] = ascii_digits(node["pattern"])
+            node["pattern"] = ascii_classes(node["pattern"])
         props = node.get("patternProperties")
         if isinstance(props, dict):
-            node["patternProperties"] = {ascii_digits(k): v for k, v in props.items()}
+            node["patternProperties"] = {ascii_classes(k): v for k, v in props.items()}
     return schema
 
 

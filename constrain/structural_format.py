@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from weft.constrain.errors import GrammarError
-from weft.constrain.regex_text import ascii_digits, lark_ascii_digits
+from weft.constrain.regex_text import ascii_classes, lark_ascii_classes
 from weft.constrain.structural_check import children, tag_ends
 
 ANY = r"(.|\n)*"
@@ -160,7 +160,7 @@ class _Builder:
                 raise GrammarError("structural_tag json_schema false allows no value")
             return self.rule("%json " + json.dumps({**schema, "x-guidance": self.json_options}))
         if kind == "regex":
-            return self.rule("/" + _slashes_escaped(ascii_digits(node["pattern"])) + "/")
+            return self.rule("/" + _slashes_escaped(ascii_classes(node["pattern"])) + "/")
         if kind == "grammar":
             import llguidance
 
@@ -169,7 +169,7 @@ class _Builder:
                 text = llguidance.grammar_from(node.get("syntax", "ebnf"), node["grammar"])
             except ValueError as e:
                 raise GrammarError(f"structural_tag grammar format: {e}") from None
-            text = lark_ascii_digits(text)
+            text = lark_ascii_classes(text)
             self.side.append({"name": name, "lark_grammar": text})
             return f"@{name}"
         if kind == "any_text":

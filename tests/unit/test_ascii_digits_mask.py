@@ -1,5 +1,6 @@
 """`\\d` is `[0-9]` in every backend path (as xgrammar and SGLang read it): the mask after a `\\d`
-never allows a token that starts U+1FBF0 (SEGMENTED DIGIT ZERO) or an Arabic-Indic digit."""
+never allows a token that starts U+1FBF0 (SEGMENTED DIGIT ZERO) or an Arabic-Indic digit. `\\w` and
+`\\s` are Python's ASCII classes likewise (tests/unit/test_constrain_ascii_classes.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from weft.runtime.loader import load_tokenizer
 
 # the byte-level tokens that begin U+1FBF0 (f0 9f af b0) and U+0660..U+0669 (d9 a0..d9 a9)
 FOREIGN_LEADS = (b"\xf0", b"\xd9")
+WORD = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_"
+SPACE = b" \t\n\r\x0b\x0c"
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +71,16 @@ CASES = [
         "",
         b"0123456789",
     ),
+    ("word regex", GrammarSpec.regex(r"\w+"), "", WORD),
+    ("word class", GrammarSpec.regex(r"[\w-]+"), "", WORD + b"-"),
+    ("space regex", GrammarSpec.regex(r"x\s+"), "x", SPACE),
+    (
+        "word schema pattern",
+        GrammarSpec.json_schema({"type": "string", "pattern": r"^\w+$"}),
+        '"',
+        WORD + b'"',  # a word character may close the string: tokens such as `_"`
+    ),
+    ("word ebnf regex", GrammarSpec.ebnf(r"start: /\w+/"), "", WORD),
 ]
 
 

@@ -12,8 +12,8 @@ from weft.constrain import GrammarError, GrammarSpec
 from weft.constrain.limits import DEFAULT_LIMITS, GrammarLimits, json_depth
 from weft.constrain.regex_text import (
     RegexSize,
-    ascii_digits,
-    lark_ascii_digits,
+    ascii_classes,
+    lark_ascii_classes,
     lark_repeats,
     regex_size,
 )
@@ -35,12 +35,14 @@ from weft.runtime.sampling_params import SamplingParams
     ],
 )
 def test_ascii_digits(pattern: str, expected: str) -> None:
-    assert ascii_digits(pattern) == expected
+    assert ascii_classes(pattern) == expected
 
 
 def test_lark_ascii_digits_rewrites_regex_literals_only() -> None:
     grammar = 'start: "\\\\d" /\\d+/ x // a /\\d/ comment\nx: /[\\d.]/'
-    assert lark_ascii_digits(grammar) == 'start: "\\\\d" /[0-9]+/ x // a /\\d/ comment\nx: /[0-9.]/'
+    assert (
+        lark_ascii_classes(grammar) == 'start: "\\\\d" /[0-9]+/ x // a /\\d/ comment\nx: /[0-9.]/'
+    )
 
 
 @pytest.mark.parametrize(

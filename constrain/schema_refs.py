@@ -1,0 +1,166 @@
+"""Recursive `$ref`s with sibling keywords, which llguidance refuses ("circular references with
+sibling keys are not supported"), rewritten into plain `$ref`s to merged definitions.
+
+In draft 2020-12 `{"$ref": X, ...siblings}` means "X and the siblings". Where X's keywords and the
+siblings' keywords are disjoint and no keyword reads a sibling on the other side (`properties` vs
+`additionalProperties`, `items` vs `prefixItems`, ...), that is the schema X with the siblings
+added: a new `$defs` entry. Its own inner `$ref`s with siblings are merged the same way (the same
+X and siblings give the same entry), so a recursive schema stays recursive, exactly.
+
+A case outside this (keywords on both sides, `unevaluated*`, `$id`, dynamic refs) is left as
+written: the library refuses it with its own message, as before.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from weft.constrain.schema import walk
+
+MERGED_PREFIX = "weft-merged-"
+MAX_MERGED = 64  # merged definitions at most (each distinct target and siblings is one)
+# keywords that read their neighbours: a group split across the two sides is not a plain union
+_GROUPS = [
+    {"properties", "patternProperties", "additionalProperties"},
+    {"prefixItems", "items"},
+    {"contains", "minContains", "maxContains"},
+    {"if", "then", "else"},
+]
+_ANNOTATIONS = frozenset("$comment title description examples default deprecated".split())
+_NOT_SIBLINGS = _ANNOTATIONS | {"$ref", "$defs", "definitions"}
+_NOT_MERGED = frozenset(
+    "unevaluatedProperties unevaluatedItems $id $anchor $dynamicRef $dynamicAnchor "
+    "$recursiveRef $recursiveAnchor $ref".split()
+)
+
+
+def merged_sibling_refs(schema: Any) -> Any:
+    """A copy of `schema` where each `$ref` with sibling keywords that recursion reaches again is a
+    plain `$ref` to a merged definition; `schema` itself if there is none (or one it can't merge)."""
+    if not isinstance(schema, dict) or "$ref" not in json.dumps(schema):
+        return schema
+    if any(k in node for node in walk(schema) for k in ("$dynamicRef", "$recursiveRef")):
+        return schema
+    if any("$id" in node for node in walk(schema) if node is not schema):
+        return schema
+    circular = _circular_sibling_refs(schema)
+    if not circular:
+        return schema
+    merger = _Merger(schema, circular)
+    out = copy.deepcopy(schema)
+    for node in walk(out):
+        name = merger.name_for(node) if _key(node) in circular else None
+        if name is not None:
+            node.clear()
+            node["$ref"] = f"#/$defs/{name}"
+    if merger.failed or not merger.defs:
+        return schema
+    out["$defs"] = {**out.get("$defs", {}), **merger.defs}
+    return out
+
+
+##### Internal Helper Functions #####
+
+
+def _key(node: dict[str, Any]) -> str:
+    return json.dumps(node, sort_keys=True)
+
+
+def _resolve(schema: Any, ref: Any) -> Any:
+    """The subschema a local JSON-pointer `$ref` (`#`, `#/a/b`) names; None if it names none."""
+    if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+        return None
+    node = schema
+    for part in ref[2:].split("/") if ref != "#" else []:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def _has_siblings(node: dict[str, Any]) -> bool:
+    return "$ref" in node and any(k not in _NOT_SIBLINGS for k in node)
+
+
+def _refs(node: Any) -> list[str]:
+    return [n["$ref"] for n in walk(node) if isinstance(n.get("$ref"), str)]
+
+
+def _circular_sibling_refs(schema: dict[str, Any]) -> set[str]:
+    """The `_key`s of the `$ref`-with-siblings nodes that resolving their own target reaches."""
+    found: set[str] = set()
+    for node in walk(schema):
+        if not _has_siblings(node):
+            continue
+        seen, todo = set(), [node["$ref"]]
+        while todo:
+            ref = todo.pop()
+            target = _resolve(schema, ref)
+            if ref in seen or target is None:
+                continue
+            seen.add(ref)
+            if any(n is node for n in walk(target)):
+                found.add(_key(node))
+                break
+            todo += _refs(target)
+    return found
+
+
+class _Merger:
+    """Merged definitions by (target, siblings); `failed` once a merge is not exact."""
+
+    def __init__(self, schema: dict[str, Any], circular: set[str]) -> None:
+        self.schema = schema
+        self.circular = circular
+        self.defs: dict[str, Any] = {}
+        self.names: dict[str, str] = {}
+        self.failed = False
+
+    def name_for(self, node: dict[str, Any]) -> str | None:
+        key = _key(node)
+        if key in self.names:
+            return self.names[key]
+        target = _resolve(self.schema, node["$ref"])
+        siblings = {k: v for k, v in node.items() if k not in _NOT_SIBLINGS}
+        merged = _merged(target, siblings)
+        if merged is None or len(self.names) >= MAX_MERGED:
+            self.failed = True
+            return None
+        name = f"{MERGED_PREFIX}{len(self.names)}"
+        self.names[key] = name
+        for inner in walk(merged):  # NOTE: named first, so a recursive one finds itself
+            if _key(inner) in self.circular and (inner_name := self.name_for(inner)) is not None:
+                inner.clear()
+                inner["$ref"] = f"#/$defs/{inner_name}"
+        self.defs[name] = merged
+        return name
+
+
+def _merged(target: Any, siblings: dict[str, Any]) -> Any:
+    """`target` and `siblings` as one schema, where that is exact; else None."""
+    if target is False:
+        return False
+    if target is True:
+        return copy.deepcopy(siblings)
+    if not isinstance(target, dict) or _NOT_MERGED & (set(target) | set(siblings)):
+        return None
+    own = {k: v for k, v in target.items() if k not in ("$defs", "definitions", "$schema")}
+    both = set(own) & set(siblings) - _ANNOTATIONS - {"required"}
+    if both:
+        return None
+    for group in _GROUPS:
+        if group & set(own) and group & set(siblings):
+            return None
+    merged = copy.deepcopy(own)
+    for key, value in siblings.items():
+        if key == "required" and isinstance(merged.get(key), list) and isinstance(value, list):
+            merged[key] = list(dict.fromkeys([*merged[key], *value]))
+        elif key not in merged:
+            merged[key] = copy.deepcopy(value)
+    return merged
