@@ -154,6 +154,9 @@ class EngineConfig:
     grammar_max_spec_chars: int = 1_000_000  # a JSON schema's, EBNF grammar's or tag's text
     # constrained decoding: sample forced tokens one by one (always so with overlap scheduling)
     disable_jump_forward: bool = False
+    # reasoning models (SGLang's names): OpenAI chat answers carry the text between the think
+    # markers as reasoning_content, and a chat request's constraint starts after the reasoning
+    reasoning_parser: Literal["deepseek-r1", "qwen3"] | None = None
     # speculative decoding: `ngram` drafts from the request's own prompt and output (prompt
     # lookup), `draft` runs a small model with the same vocabulary ahead; one forward of the model
     # verifies the drafts. Greedy output is unchanged and sampled output keeps the model's
@@ -267,6 +270,11 @@ class EngineConfig:
         if self.grammar_strictness not in ("lenient", "strict"):
             raise ValueError(
                 f"grammar_strictness must be 'lenient' or 'strict', got {self.grammar_strictness!r}"
+            )
+        if self.reasoning_parser not in (None, "deepseek-r1", "qwen3"):
+            raise ValueError(
+                "reasoning_parser must be 'deepseek-r1', 'qwen3' or None, got "
+                f"{self.reasoning_parser!r}"
             )
         if not self.grammar_timeout > 0:
             raise ValueError(f"grammar_timeout must be > 0 seconds, got {self.grammar_timeout}")

@@ -88,6 +88,8 @@ _HELP = {
     "compiles the rest and reports each output's validity (meta_info schema_valid), strict "
     "refuses them with a 400",
     "disable_jump_forward": "sample grammar-forced tokens one by one (so with overlap anyway)",
+    "reasoning_parser": "deepseek-r1 or qwen3: OpenAI chat answers carry the model's <think> "
+    "text as reasoning_content, and a chat request's constraint starts after </think>",
     "gemv": "decode graphs of 1-16 rows on weft's skinny GEMV: auto (where the step replays "
     "faster), on or off",
     "graph_blas": "the cuBLAS path of the decode graphs' GEMMs: auto (measured), cublas or cublaslt",
@@ -103,6 +105,7 @@ _CHOICES = {
     "quantization": ("gguf", "fp8"),
     "speculative_algorithm": ("ngram", "draft"),
     "grammar_strictness": ("lenient", "strict"),
+    "reasoning_parser": ("deepseek-r1", "qwen3"),
 }  # shown as {gguf,fp8} in --help
 
 

@@ -1,5 +1,5 @@
 """SGLang's native HTTP API: /generate (SSE with cumulative text), health, info, cache, abort, tokenize,
-LoRA adapters loaded and unloaded while serving."""
+LoRA adapters loaded and unloaded while serving, /separate_reasoning."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from weft.runtime.server.http.responses import (
 )
 from weft.runtime.server.http.state import AppState, read_json, state_of, until_done_or_disconnect
 from weft.runtime.server.output import WEIGHT_VERSION
+from weft.runtime.server.reasoning import reasoning_format, split_reasoning
 from weft.runtime.server.tokenizer_manager import RuntimeDown
 
 router = APIRouter()
@@ -326,3 +327,24 @@ async def apply_chat_template(request: Request) -> dict[str, Any]:
     )
     ids = await run(tokenizer.encode, text, add_special_tokens=False)
     return {"text": text, "input_ids": ids}
+
+
+@router.post("/separate_reasoning")
+async def separate_reasoning(request: Request) -> dict[str, Any]:
+    """SGLang's: {text, reasoning_parser} -> {text: the answer, reasoning_text}; the parser
+    defaults to the server's --reasoning-parser (/generate itself returns the text as is)."""
+    body = await read_json(request)
+    if not isinstance(body, Mapping):
+        raise ValueError("the request body must be a JSON object")
+    text = body.get("text")
+    name = body.get("reasoning_parser") or state_of(request).config.engine.reasoning_parser
+    if not isinstance(text, str):
+        raise ValueError("text must be a string")
+    if name is None:
+        raise ValueError(
+            "reasoning_parser is required: this server runs without --reasoning-parser"
+        )
+    if not isinstance(name, str):
+        raise ValueError("reasoning_parser must be a string")
+    reasoning, answer = split_reasoning(reasoning_format(name), text)
+    return {"text": answer, "reasoning_text": reasoning or ""}

@@ -1,5 +1,6 @@
 """OpenAI API: /v1/chat/completions (SSE included): messages rendered with the chat template, tool
-calls parsed out of the output (or constrained), chat logprobs."""
+calls parsed out of the output (or constrained), reasoning split from the answer
+(--reasoning-parser), chat logprobs."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from weft.constrain import GrammarError
+from weft.constrain.reasoning import constrain_after_reasoning
+from weft.constrain.validation import check_output
 from weft.runtime.server.chat import normalize_messages, render_chat
 from weft.runtime.server.generate_input import GenerateInput
 from weft.runtime.server.http.errors import BadRequest
@@ -42,6 +46,13 @@ from weft.runtime.server.http.tool_calls import (
     stream_deltas,
 )
 from weft.runtime.server.http.tool_parser import ToolCallParser, ToolFormat
+from weft.runtime.server.reasoning import (
+    ReasoningFormat,
+    ReasoningStream,
+    reasoning_format,
+    split_reasoning,
+    think_markers_special,
+)
 
 router = APIRouter()
 
@@ -100,6 +111,7 @@ async def chat_completions(request: Request) -> Response:
                 "tool_choice",
             )
         params.update(constraint)
+    fmt, answer_schema = _reasoning_params(state, req, params)
     rid = req.rid if isinstance(req.rid, str) else f"chatcmpl-{uuid.uuid4().hex}"
     obj = GenerateInput(
         input_ids=prompt,
@@ -117,20 +129,25 @@ async def chat_completions(request: Request) -> Response:
     if req.stream:
         head["object"] = "chat.completion.chunk"
         results, headers = await held_stream(request, manager, states)
-        chunks = _chat_chunks(state, req, plan, results, head)
+        chunks = _chat_chunks(state, req, plan, results, head, fmt, answer_schema)
         return openai_stream(chunks, headers, "/v1/chat/completions")
     outs = await collect(request, manager, states)
     choices, metas = [], {}
     for k, out in enumerate(outs):
         meta = metas[k] = out["meta_info"]
         reason, matched = finish_of(meta)
+        text, reasoning = out["text"], None
+        if fmt is not None:
+            await _check_answer(state, meta, answer_schema, fmt, text)
+            if req.separate_reasoning is not False:
+                reasoning, text = split_reasoning(fmt, text)
         parser = plan.parser()
-        content, calls = split_output(parser, out["text"]) if parser else (out["text"], [])
+        content, calls = split_output(parser, text) if parser else (text, [])
         reason = finish_reason(reason, bool(calls))
         message = {
             "role": "assistant",
             "content": content,
-            "reasoning_content": None,
+            "reasoning_content": reasoning or None,
             "tool_calls": [c.openai() for c in calls] or None,
         }
         choice: dict[str, Any] = {"index": k, "message": message, "logprobs": None}
@@ -148,12 +165,17 @@ async def _chat_chunks(
     plan: ToolPlan,
     results: AsyncGenerator[dict[str, Any], None],
     head: dict[str, Any],
+    fmt: ReasoningFormat | None = None,
+    answer_schema: str | None = None,
 ) -> AsyncGenerator[dict[str, Any], None]:
-    """Per index: a role chunk, content chunks and tool-call chunks (each call whole, in one
-    delta, once its JSON is complete), then one chunk with an empty delta that carries
-    finish_reason and matched_stop; an optional usage chunk (choices: []) at the end."""
+    """Per index: a role chunk, reasoning_content chunks (with a reasoning parser), content
+    chunks and tool-call chunks (each call whole, in one delta, once its JSON is complete), then
+    one chunk with an empty delta that carries finish_reason and matched_stop; an optional usage
+    chunk (choices: []) at the end."""
     metas: dict[int, dict[str, Any]] = {}
     parsers: dict[int, ToolCallParser | None] = {}
+    splitters: dict[int, ReasoningStream] = {}
+    texts: dict[int, str] = {}  # each output's whole text (its answer is validated at the end)
     tokenizer = state.rt.tokenizer
 
     def chunk(
@@ -176,19 +198,35 @@ async def _chat_chunks(
             meta = metas[k] = delta["meta_info"]
             if first:
                 parsers[k] = plan.parser()
+                texts[k] = ""
+                if fmt is not None and req.separate_reasoning is not False:
+                    splitters[k] = ReasoningStream(fmt)
                 yield chunk(k, {"role": "assistant", "content": "", "reasoning_content": None})
             logprobs = None
             if req.logprobs:
                 logprobs = chat_logprobs(tokenizer, *logprob_rows(meta, echo=False))
             reason, matched = finish_of(meta)
+            text = delta["text"]
+            texts[k] += text
+            if fmt is not None and reason is not None:
+                await _check_answer(state, meta, answer_schema, fmt, texts[k])
+            if k in splitters:
+                # NOTE: text that may be part of a marker is held back until the next piece
+                reasoning, text = splitters[k].feed(text)
+                if reason is not None:
+                    more_reasoning, more_text = splitters[k].finish()
+                    reasoning, text = reasoning + more_reasoning, text + more_text
+                if reasoning:
+                    yield chunk(k, {"reasoning_content": reasoning}, logprobs)
+                    logprobs = None
             parser = parsers[k]
             if parser is None:
-                if delta["text"] or (logprobs and logprobs["content"]):
-                    yield chunk(k, {"content": delta["text"]}, logprobs)
+                if text or (logprobs and logprobs["content"]):
+                    yield chunk(k, {"content": text}, logprobs)
             else:
                 # NOTE: text that may still be a tool call is held back; its tokens' logprobs
                 # are sent now all the same (on an empty delta when nothing is released).
-                deltas = stream_deltas(parser, delta["text"], final=reason is not None)
+                deltas = stream_deltas(parser, text, final=reason is not None)
                 if not deltas and logprobs and logprobs["content"]:
                     deltas = [{}]
                 for i, piece in enumerate(deltas):
@@ -198,6 +236,47 @@ async def _chat_chunks(
                 yield chunk(k, {}, reason=reason, matched=matched)
     if req.stream_options is not None and req.stream_options.include_usage:
         yield with_usage({**head, "choices": []}, state, req, metas, continuous=False)
+
+
+def _reasoning_params(
+    state: AppState, req: ChatCompletionRequest, params: dict[str, Any]
+) -> tuple[ReasoningFormat | None, str | None]:
+    """With --reasoning-parser: (its format, the JSON schema the answer is validated against).
+    A thinking request's constraint starts after the reasoning (`params` rewritten: the
+    constraint becomes a structural tag); markers that are special tokens stay in the text."""
+    name = state.config.engine.reasoning_parser
+    if name is None:
+        return None, None
+    fmt = reasoning_format(name)
+    if req.skip_special_tokens is None and think_markers_special(state.rt.tokenizer, fmt):
+        params["skip_special_tokens"] = False
+    if not fmt.thinking(req.chat_template_kwargs):
+        return fmt, None
+    schema = params.get("json_schema")
+    try:
+        wrapped = constrain_after_reasoning(params, fmt.start, fmt.end, fmt.starts_inside)
+    except GrammarError as e:
+        raise BadRequest(f"Failed to compile the grammar: {e}", 400, "response_format") from None
+    params.clear()
+    params.update(wrapped)
+    return fmt, schema
+
+
+async def _check_answer(
+    state: AppState,
+    meta: dict[str, Any],
+    schema: str | None,
+    fmt: ReasoningFormat,
+    text: str,
+) -> None:
+    """schema_valid (and schema_error) of a finished output whose JSON schema applied after its
+    reasoning: the answer alone is validated (the grammar's own check sees the whole text)."""
+    if schema is None or "schema_valid" in meta or meta.get("finish_reason") is None:
+        return
+    if meta["finish_reason"].get("type") == "abort":
+        return
+    answer = split_reasoning(fmt, text)[1]
+    meta.update((await state.manager.run_blocking(check_output, schema, answer)).meta())
 
 
 @lru_cache(maxsize=8)
