@@ -15,42 +15,17 @@ within 1.15x of the base decode step, of which these projections are most of the
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-from collections.abc import Callable
 from functools import partial
 
 import torch
+from kernel_util import graph_us
 
 DEV = "cuda"
 RANK = 16
 # name: in, slice widths (Llama-3-8B: 32 q / 8 kv heads of 128, MLP 14336)
 PROJS = {"qkv": (4096, (4096, 1024, 1024)), "o": (4096, (4096,)),
          "gate_up": (4096, (14336, 14336)), "down": (14336, (4096,))}  # fmt: skip
-
-
-def graph_us(op: Callable[[], object], calls: int = 10, reps: int = 20) -> float:
-    """Microseconds per call of `calls` calls back to back in one CUDA graph, the median of
-    `reps` replays."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        op()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            op()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def loop_over_adapters(

@@ -14,38 +14,13 @@ selected weight once must move, read plus written, as the copy ceiling counts.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-from collections.abc import Callable
 from functools import partial
 
 import torch
+from kernel_util import graph_us
 
 DEV = "cuda"
-
-
-def graph_us(op: Callable[[], object], calls: int = 10, reps: int = 20) -> float:
-    """Microseconds per call of `calls` calls back to back in one CUDA graph (no launch or host
-    cost), the median of `reps` replays."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        op()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            op()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def bench_moe(
