@@ -53,7 +53,11 @@ def check_finish(req: Req, token: int, eos_ids: frozenset[int]) -> FinishReason 
     if grammar is not None and not grammar.accept_token(token):
         if grammar.error() is not None:
             return grammar_failed(grammar.error())
-        return FinishReason("abort", message=f"internal error: the grammar rejected token {token}")
+        return grammar_failed(
+            f"no token can continue the output after {n - 1} token(s): the grammar allows none "
+            "of this tokenizer's ordinary tokens here (e.g. its text spells out a special "
+            f"token's text); token {token} was sampled from an empty mask"
+        )
     if stop is not None:
         if n == p.min_new_tokens:
             stop.start = len(stop.decoder.text)
