@@ -149,3 +149,74 @@ def test_draft_model_speculation_is_refused_on_the_hybrid_pool(mixed_model_dir: 
                           speculative_draft_model_path=str(mixed_model_dir))  # fmt: skip
     with pytest.raises(ValueError, match="disable_hybrid_swa_memory"):
         Scheduler(config, mixed_model_dir, None)
+
+
+def test_a_verify_step_short_of_swa_pages_drops_its_drafts(mixed_model_dir: Path) -> None:
+    """A verify step whose drafts need SWA pages the pool lacks (while one plain decode token
+    fits) drops the drafts instead of failing their allocation or retracting; the output stays
+    the plain pool's and both pools are conserved."""
+    common: dict[str, Any] = {"page_size": 4, "max_total_tokens": 400}
+    prompt = list(range(60, 90))
+    params = SamplingParams(temperature=0, max_new_tokens=16, ignore_eos=True)
+
+    def outputs(sched: Scheduler, on_decode: Callable[[Scheduler], None] | None) -> list[int]:
+        done: dict[str, list[int]] = {}
+        sched.emit = lambda reqs: done.update(  # type: ignore[method-assign]
+            {r.rid: list(r.output_ids) for r in reqs if r.finished}
+        )
+        sched.add_request(TokenizedGenerateReq("r", prompt, params, 16))
+        while sched.has_work():
+            req = sched.queues.running[0] if sched.queues.running else None
+            if on_decode is not None and req is not None and req.output_ids:
+                on_decode(sched)
+                on_decode = None
+            sched.process_results(sched.launch(sched.schedule()))
+        sched.settle()
+        sched.cache.check_conservation()
+        return done["r"]
+
+    plain = outputs(Scheduler(EngineConfig(model=str(mixed_model_dir), cpu_threads=1,
+                                           **common), mixed_model_dir, None), None)  # fmt: skip
+    sched = Scheduler(EngineConfig(model=str(mixed_model_dir), cpu_threads=1,
+                                   swa_full_tokens_ratio=0.25, speculative_algorithm="ngram",
+                                   speculative_num_draft_tokens=4, **common),
+                      mixed_model_dir, None)  # fmt: skip
+    spec = sched.speculator
+    assert spec is not None
+    spec.costs.speculate = lambda batch_size: False  # type: ignore[method-assign]
+    hog: list[int] = []
+
+    def short_of_swa(sched: Scheduler) -> None:
+        """From now on every step verifies 4 drafts, and the SWA pool keeps just the pages of
+        one plain decode token."""
+
+        def four_drafts(req: Any) -> int:
+            req.pending_draft = [7, 7, 7, 7]
+            return 4
+
+        spec._draft_len = four_drafts  # type: ignore[method-assign]
+        spec.costs.speculate = lambda batch_size: True  # type: ignore[method-assign]
+        cache, alloc = sched.cache, sched.runner.allocator
+        assert cache.swa is not None and isinstance(alloc, SWAPageAllocator)
+        req = sched.queues.running[0]
+        cache.swa.free_own(req)
+        cache.swa.reclaim(alloc.swa_total_slots)
+        plain_need = cache.pages_needed(req, req.extend_len)
+        got = alloc.swa.alloc_pages(alloc.swa_free_pages - plain_need)  # SWA pages only
+        assert got is not None
+        hog.extend(got)
+
+    before = dict(sched.stats)
+    steps = iter(range(10**6))
+    real_schedule = sched.schedule
+
+    def schedule() -> Any:  # the hog goes back after three starved verify steps
+        if hog and next(steps) == 3:
+            sched.runner.allocator.swa.free_page_list(hog)
+            hog.clear()
+        return real_schedule()
+
+    sched.schedule = schedule  # type: ignore[method-assign]
+    assert outputs(sched, short_of_swa) == plain
+    assert sched.stats["retractions"] == before["retractions"] == 0
+    assert sched.stats["spec_draft_tokens"] > before["spec_draft_tokens"]  # once it had room
