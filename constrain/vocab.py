@@ -80,6 +80,14 @@ class TokenSpace:
         if self._pad_from < self.words:
             ctypes.memset(row_ptr + 4 * self._pad_from, 0, 4 * (self.words - self._pad_from))
 
+    def mask_padded(self, row_ptr: int) -> None:
+        """Clear the bits of padded logit rows (ids >= tokenizer_size) in one mask row."""
+        if self.tokenizer_size % 32:
+            cell = ctypes.c_int32.from_address(row_ptr + 4 * (self.tokenizer_size // 32))
+            cell.value &= (1 << (self.tokenizer_size % 32)) - 1
+        if self._pad_from < self.words:
+            ctypes.memset(row_ptr + 4 * self._pad_from, 0, 4 * (self.words - self._pad_from))
+
     def allow_only_stops(self, row_ptr: int) -> None:
         ctypes.memset(row_ptr, 0, 4 * self.words)
         self.allow_stops(row_ptr)

@@ -54,6 +54,8 @@ class SamplingParams:
     no_stop_trim: bool = False
     logit_bias: dict[int, float] | None = None  # token id -> additive bias; None when empty
     sampling_seed: int | None = None  # None: the engine's shared generator
+    # reasoning tokens allowed before the end marker is forced (needs --reasoning-parser)
+    thinking_budget: int | None = None
 
     def __post_init__(self) -> None:
         _check_ranges(self)
@@ -142,6 +144,8 @@ def _check_ranges(p: SamplingParams) -> None:
         raise ValueError(f"repetition_penalty must be in (0, 2], got {_fmt(p.repetition_penalty)}")
     if p.n < 1:
         raise ValueError(f"n must be at least 1, got {p.n}")
+    if p.thinking_budget is not None and not 0 <= p.thinking_budget < _INT_LIMIT:
+        raise ValueError(f"thinking_budget must be at least 0 (or null), got {p.thinking_budget}")
     # NOTE: max_new_tokens is held to the context length before it is sent (check_request)
     for name in ("min_new_tokens", "top_k", "n"):
         if getattr(p, name) >= _INT_LIMIT:
@@ -275,5 +279,6 @@ _COERCE: dict[str, Callable[[str, Any], Any]] = {
     "no_stop_trim": _as_bool,
     "logit_bias": _as_logit_bias,
     "sampling_seed": _as_int,
+    "thinking_budget": _as_int,
 }
 assert list(_COERCE) == [f.name for f in fields(SamplingParams)], "keep _COERCE in field order"

@@ -1,4 +1,5 @@
-"""GrammarQueue: constrained requests wait here while their grammar compiles off the scheduler loop."""
+"""GrammarQueue: constrained requests wait here while their grammar compiles off the scheduler loop;
+a thinking budget wraps a request's matcher (or is its only one)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,17 @@ from weft.constrain import (
     GrammarBackend,
     GrammarCompiler,
     GrammarError,
+    GrammarMatcher,
     GrammarSpec,
     create_grammar_backend,
 )
 from weft.constrain.errors import PROCESS_EXITS, failure_text
 from weft.constrain.limits import DEFAULT_LIMITS
+from weft.constrain.thinking_budget import ThinkingBudget
 from weft.runtime.config import EngineConfig
 from weft.runtime.sampling_params import SamplingParams
 from weft.runtime.scheduler.request import Req
+from weft.runtime.server.reasoning import reasoning_format
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +67,7 @@ class GrammarQueue:
         self.compiler: GrammarCompiler | None = None
         self.broken: str | None = None  # why the backend could not be built
         self.pending: list[Req] = []
+        self._markers: tuple[tuple[int, ...], tuple[int, ...], bool] | None = None
 
     def _compiler(self) -> GrammarCompiler:
         """The compiler, built on first use. A backend that cannot start (a broken install, an
@@ -152,7 +157,7 @@ class GrammarQueue:
                 ) from e
             req.grammar_handle = None
             try:
-                req.grammar = grammar.matcher()
+                req.grammar = self.with_budget(req, grammar.matcher())
             except PROCESS_EXITS:
                 raise
             except BaseException as e:  # the backend failed starting it: this request alone
@@ -165,6 +170,31 @@ class GrammarQueue:
         gone = set(ready) | {i for i, _ in failed}
         self.pending = [r for i, r in enumerate(self.pending) if i not in gone]
         return out_ready, out_failed
+
+    def markers(self) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
+        """(start ids, end ids, starts inside) of the reasoning parser's think markers; a
+        GrammarError where no reasoning parser is set or no tokenizer is loaded."""
+        if self._markers is None:
+            name = self.config.reasoning_parser
+            if name is None:
+                raise GrammarError("thinking_budget needs a reasoning model's markers: start the "
+                                   "server with --reasoning-parser")  # fmt: skip
+            if self.tokenizer is None:
+                raise GrammarError("thinking_budget needs the tokenizer (skip_tokenizer_init)")
+            fmt = reasoning_format(name)
+            start, end = (tuple(self.tokenizer.encode(m, add_special_tokens=False))
+                          for m in (fmt.start, fmt.end))  # fmt: skip
+            self._markers = (start, end, fmt.starts_inside)
+        return self._markers
+
+    def with_budget(self, req: Req, inner: GrammarMatcher | None) -> GrammarMatcher:
+        """The request's matcher under its thinking_budget (`inner` itself without one)."""
+        budget = req.params.thinking_budget
+        if budget is None:
+            assert inner is not None
+            return inner
+        start, end, inside = self.markers()
+        return ThinkingBudget(self._compiler().backend.space, inner, budget, start, end, inside)
 
     def remove(self, rids: set[str] | None) -> list[Req]:
         """Drop pending requests (all when rids is None); returns them."""

@@ -139,8 +139,12 @@ class Intake:
         req.stop_state = StopState.for_req(req, self.tokenizer)
         try:
             spec = grammar_spec(req.params)
+            if req.params.thinking_budget is not None:
+                self.grammars.markers()  # a GrammarError where no budget can apply
             if spec is not None:
                 self.grammars.submit(req, spec)
+            elif req.params.thinking_budget is not None:
+                req.grammar = self.grammars.with_budget(req, None)
         except GrammarError as e:
             req.finish = FinishReason("abort", message=str(e), status=400)
             return req

@@ -131,3 +131,36 @@ def test_native_separate_reasoning(server: Any) -> None:
     assert post({"text": "x</think>y"}).json() == {"text": "x</think>y", "reasoning_text": ""}
     bad = post({"text": "x", "reasoning_parser": "nope"})
     assert bad.status_code == 400 and "reasoning_parser must be one of" in bad.text
+
+
+def test_thinking_budget_forces_the_end_marker(server: Any) -> None:
+    """thinking_budget=N: after the start marker and N reasoning tokens, </think> is forced;
+    the model (pushed to repeat <think> by logit_bias) never writes it on its own."""
+    start_id = server.end_id - 1  # added right before </think>
+    bias = {str(start_id): 100}
+    out = chat(server, max_tokens=12, logit_bias=bias, extra_body={"thinking_budget": 4})
+    message = out.choices[0].message
+    assert message.reasoning_content == "<think>" * 4  # type: ignore[attr-defined]
+    assert message.content == "<think>" * 6
+    free = chat(server, max_tokens=12, logit_bias=bias)  # no budget: all reasoning
+    assert free.choices[0].message.content == ""
+
+
+def test_thinking_budget_then_the_schema(server: Any) -> None:
+    """A budget with a schema: free reasoning for 3 tokens, </think> forced, then the answer
+    under the schema (the constraint's structural tag accepts the forced marker)."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}
+    out = chat(server, max_tokens=60, response_format=fmt, extra_body={"thinking_budget": 3})
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop", choice
+    assert json.loads(choice.message.content) in ({"a": 1}, {"a": 2})
+    assert choice.model_extra["schema_valid"] is True
+    assert out.usage.completion_tokens >= 1 + 3 + 1 + 5  # <think>, 3 tokens, </think>, {"a":1}
+
+
+def test_thinking_budget_is_checked(server: Any) -> None:
+    with pytest.raises(openai.BadRequestError, match="thinking_budget"):
+        chat(server, max_tokens=4, extra_body={"thinking_budget": -1})
+    body = {"text": "Hi", "sampling_params": {"thinking_budget": "x", "max_new_tokens": 2}}
+    resp = httpx.post(f"{server.url}/generate", json=body, timeout=30)
+    assert resp.status_code == 400 and "thinking_budget" in resp.text

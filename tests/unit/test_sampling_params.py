@@ -35,6 +35,7 @@ DEFAULTS = {
     "no_stop_trim": False,
     "logit_bias": None,
     "sampling_seed": None,
+    "thinking_budget": None,
 }
 
 

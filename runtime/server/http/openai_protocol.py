@@ -38,7 +38,7 @@ _SEED_MOD = 2**64  # OpenAI seeds are int64, sampling_seed is uint64
 _SAME_NAME = (
     "stop stop_token_ids stop_regex temperature top_p top_k min_p frequency_penalty presence_penalty"
     " repetition_penalty n ignore_eos skip_special_tokens spaces_between_special_tokens no_stop_trim"
-    " logit_bias"
+    " logit_bias thinking_budget"
 ).split()
 
 
@@ -115,6 +115,7 @@ class _Common(_Strict):
     stop_regex: str | list[str] | None = None
     no_stop_trim: bool | None = None
     ignore_eos: bool | None = None
+    thinking_budget: int | None = Field(None, ge=0)  # reasoning tokens before </think> is forced
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
     rid: str | list[str] | None = None
