@@ -175,6 +175,9 @@ class EngineConfig:
     # "name=path" entries (a bare path is named by itself); a request picks one by name
     # (lora_path). Keyword callers may pass a {name: path} dict or a list.
     lora_paths: tuple[str, ...] = ()
+    # serve LoRA adapters loaded later (/load_lora_adapter) even with no lora_paths at start, as
+    # SGLang's --enable-lora (the pool's rank then comes from max_lora_rank)
+    enable_lora: bool = False
     max_loras_per_batch: int = 8  # distinct adapters in one batch (the device pool's slots)
     max_lora_rank: int | None = None  # the pool's rank; None: the largest loaded adapter's
     cache_dir: str | None = None  # converted models; default ~/.cache/weft
@@ -356,8 +359,11 @@ class EngineConfig:
             raise ValueError(f"max_loras_per_batch must be >= 1, got {self.max_loras_per_batch}")
         if self.max_lora_rank is not None and self.max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be >= 1, got {self.max_lora_rank}")
-        if not self.lora_paths:
+        if not self.lora_enabled:
             return
+        if not self.lora_paths and self.max_lora_rank is None:
+            raise ValueError("enable_lora without lora_paths needs max_lora_rank: the adapter "
+                             "pool is sized before any adapter is loaded")  # fmt: skip
         if self.speculative_algorithm is not None:
             raise ValueError("LoRA adapters (lora_paths) do not run with speculative decoding yet")
         if self.tp_size > 1:
@@ -365,6 +371,11 @@ class EngineConfig:
         if self.resolved_quantization == "gguf":
             raise ValueError("LoRA adapters (lora_paths) need a full-precision or fp8 model, "
                              "not GGUF blocks kept quantized; pass dequantize=True")  # fmt: skip
+
+    @property
+    def lora_enabled(self) -> bool:
+        """Whether LoRA adapters are served (enable_lora, or adapters given at start)."""
+        return self.enable_lora or bool(self.lora_paths)
 
     @property
     def lora_adapters(self) -> dict[str, str]:

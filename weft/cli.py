@@ -71,6 +71,8 @@ _HELP = {
     "wins, then the latest)",
     "lora_paths": "LoRA adapters (PEFT folders) to serve, as name=path (a bare path is its own "
     "name); requests choose one by name (lora_path)",
+    "enable_lora": "serve LoRA adapters loaded while serving (/load_lora_adapter) even without "
+    "--lora-paths (then --max-lora-rank sizes the pool)",
     "max_loras_per_batch": "most distinct LoRA adapters in one batch (the device pool's slots)",
     "max_lora_rank": "the LoRA pool's rank; none = the largest loaded adapter's",
     "cache_dir": "where converted models are kept; none = ~/.cache/weft",
@@ -265,9 +267,12 @@ def main(argv: list[str] | None = None) -> int:
         "--tool-call-parser",
         default="auto",
         choices=list(TOOL_CALL_PARSERS),
-        help="how the model writes tool calls: hermes / qwen25 (<tool_call> blocks), mistral "
-        "([TOOL_CALLS]), llama3 (a JSON call as the message); the format that strict functions "
-        "under tool_choice auto are constrained to (default auto: the chat template's)",
+        help="how the model writes tool calls: hermes / qwen25 (<tool_call> JSON blocks), "
+        "qwen3_coder (<tool_call><function=...> XML), mistral ([TOOL_CALLS]), llama3 (a JSON call "
+        "as the message), pythonic (a Python list of calls as the message: Llama 3.2 / 4), "
+        "deepseekv3 / deepseekv31 (<｜tool▁calls▁begin｜>); the format that strict functions "
+        "under tool_choice auto are constrained to, where its arguments are JSON (default auto: "
+        "the chat template's)",
     )
     serve.add_argument(
         "--incremental-streaming-output",

@@ -51,7 +51,7 @@ class LoraRuntime:
         tp: TPGroup | None = None,
     ) -> None:
         paths = config.lora_adapters
-        assert paths, "LoraRuntime without lora_paths"
+        assert config.lora_enabled and (paths or config.max_lora_rank), "checked by the config"
         shapes = LoraShapes.from_hf_config(hf_config)
         max_rank = config.max_lora_rank or max(read_config(Path(p)).rank for p in paths.values())
         tp_size, tp_rank = (tp.size, tp.rank) if tp is not None else (1, 0)

@@ -86,7 +86,7 @@ class ModelRunner:
             self.model.use_kernels(pdl=not config.tuning.disable_pdl)
         self.lora = (
             LoraRuntime(config, hf_config, self.model, self.device, self.dtype, tp)
-            if config.lora_paths
+            if config.lora_enabled
             else None
         )
 

@@ -286,8 +286,9 @@ class Scheduler:
         A refusal changes nothing: 400 for a bad adapter, 404 for an unknown name."""
         lora = self.runner.lora
         if lora is None:
-            return LoraOut(False, "this server was started without LoRA adapters: start it with "
-                           "--lora-paths to load adapters while serving", {}, 400)  # fmt: skip
+            return LoraOut(False, "this server was started without LoRA: start it with "
+                           "--enable-lora (and --max-lora-rank) or --lora-paths to load adapters "
+                           "while serving", {}, 400)  # fmt: skip
         if isinstance(msg, LoadLoraReq):
             try:
                 lora.load(msg.name, msg.path)

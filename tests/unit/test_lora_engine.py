@@ -14,7 +14,7 @@ from lora_helpers import ADAPTERS, NEW_TOKENS, PROMPTS, build_lora_setup
 
 from weft.runtime.config import EngineConfig
 from weft.runtime.executor.lora_step import attach_sites
-from weft.runtime.ipc.messages import TokenizedGenerateReq
+from weft.runtime.ipc.messages import LoadLoraReq, TokenizedGenerateReq
 from weft.runtime.lora.forward import LoraContext
 from weft.runtime.models import build_model
 from weft.runtime.sampling_params import SamplingParams
@@ -134,6 +134,8 @@ def test_config_checks_and_forms(setup: tuple) -> None:
         ({"max_lora_rank": 0}, "max_lora_rank"),
         ({"lora_paths": ("a=/x",), "speculative_algorithm": "ngram"}, "speculative"),
         ({"lora_paths": ("a=/x",), "tp_size": 2}, "tp_size=1"),
+        ({"enable_lora": True}, "enable_lora without lora_paths needs max_lora_rank"),
+        ({"enable_lora": True, "max_lora_rank": 8, "tp_size": 2}, "tp_size=1"),
     ]:
         with pytest.raises(ValueError, match=match):
             EngineConfig(model=str(base), **bad)
@@ -193,3 +195,25 @@ def test_a_leaked_pin_keeps_the_adapter_and_serving_goes_on(
     assert "all" not in lora.adapters and not lora.retiring
     done = _run(sched, [("base", 2, None)])
     assert done["base"].output_ids == expected[None, 2]
+
+
+def test_enable_lora_starts_without_adapters_and_loads_them_while_serving(setup: tuple) -> None:
+    """--enable-lora --max-lora-rank 8 with no lora_paths: the base model serves, adapters
+    loaded later give the merged model's tokens, one above the pool's rank is refused."""
+    base, folders, expected = setup
+    cfg = EngineConfig(model=str(base), skip_tokenizer_init=True, cpu_threads=1,
+                       enable_lora=True, max_lora_rank=8)  # fmt: skip
+    sched = Scheduler(cfg, base, None)
+    assert sched.runner.lora is not None and sched.runner.lora.served() == {}
+    assert _run(sched, [("base", 0, None)])["base"].output_ids == expected[None, 0]
+    for name in ("all", "rs"):
+        out = sched.update_lora(LoadLoraReq(name, str(folders[name])))
+        assert out.success, out.message
+    done = _run(sched, [("a", 0, "all"), ("r", 1, "rs"), ("b", 2, None)])
+    assert done["a"].output_ids == expected["all", 0]
+    assert done["r"].output_ids == expected["rs", 1]
+    assert done["b"].output_ids == expected[None, 2]
+    small = EngineConfig(model=str(base), skip_tokenizer_init=True, cpu_threads=1,
+                         enable_lora=True, max_lora_rank=4)  # fmt: skip
+    refused = Scheduler(small, base, None).update_lora(LoadLoraReq("all", str(folders["all"])))
+    assert not refused.success and "max_lora_rank" in refused.message
