@@ -1,11 +1,12 @@
 """CUDA graphs for decode: capture the model's decode step at fixed batch sizes over static input
-buffers, pad each real batch to the next captured size, and replay."""
+buffers, pad each real batch to the next captured size, and replay (with LoRA adapters, a second
+graph per size adds the adapters' deltas, each token's pool slot a graph input)."""
 
 from __future__ import annotations
 
 import bisect
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,7 +20,12 @@ from weft.runtime.executor.graph_tuning import (
     projection_timer,
     replay_us,
 )
+from weft.runtime.lora.forward import LoraBatch
+from weft.runtime.lora.pool import NO_LORA
 from weft.runtime.models.layers import GemvPlan
+
+if TYPE_CHECKING:
+    from weft.runtime.executor.lora_step import LoraRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +51,11 @@ class GraphRunner:
     write their K/V to the reserved slot 0, so they touch no request's KV. What each size's
     graph runs on (its cuBLAS path, the skinny GEMV's plan) is chosen at capture
     (graph_tuning.py) and handed to the model with the batch; the model is not modified.
+
+    With `lora`, each size also has a graph that runs the adapters' deltas: the tokens' pool
+    slots are a static input (NO_LORA on padded rows and base-model tokens), their grouping
+    (kernels/lora.py's lora_index) runs inside the graph, and the pool's buffers never move. A
+    batch without adapter tokens replays the plain graph, which does no LoRA work.
     """
 
     def __init__(
@@ -57,6 +68,7 @@ class GraphRunner:
         device: torch.device,
         pad_row: int,
         tuning: TuningConfig,
+        lora: LoraRuntime | None = None,
     ) -> None:
         self.model = model
         self.attn = attn
@@ -70,8 +82,12 @@ class GraphRunner:
         self.extend_lens = torch.ones(n, dtype=torch.int64, device=device)
         self.hidden = torch.zeros(n, hidden_size, dtype=dtype, device=device)
         self.pad_row = pad_row
-        self._staged: tuple[ForwardBatch, int, bool] | None = None  # (batch, padded size, shared)
+        self.lora = lora
+        self.lora_slots = torch.full((n,), NO_LORA, dtype=torch.int32, device=device)
+        # (batch, padded size, shared variant, with LoRA)
+        self._staged: tuple[ForwardBatch, int, bool, bool] | None = None
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # (size, shared variant)
+        self.lora_graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # the same, LoRA
         self.pool: Any = None
         self.tuning = tuning
         self.blas: dict[int, str] = {}  # the cuBLAS path each size's graph was captured with
@@ -114,9 +130,10 @@ class GraphRunner:
                                                 if lib == "cublaslt"], sorted(self.gemv))  # fmt: skip
 
     def _capture_size(self, bs: int, gemv: GemvPlan | None, stream: torch.cuda.Stream) -> None:
-        for shared in reversed(self.attn.graph_variants()):
-            with blas_library(self.blas[bs]):
-                self._capture(bs, shared, gemv, stream)
+        for lora in (False, True) if self.lora is not None else (False,):
+            for shared in reversed(self.attn.graph_variants()):
+                with blas_library(self.blas[bs]):
+                    self._capture(bs, shared, gemv, stream, lora)
 
     def _keep_faster(self, bs: int, stream: torch.cuda.Stream) -> None:
         """Capture size bs again with cuBLAS in place of the skinny GEMV and keep whichever
@@ -124,10 +141,12 @@ class GraphRunner:
         projection and launches as a programmatic dependent, which no per-projection timing
         sees)."""
         with_gemv = {key: g for key, g in self.graphs.items() if key[0] == bs}
+        lora_with_gemv = {key: g for key, g in self.lora_graphs.items() if key[0] == bs}
         gemv_us = self._replay_us(bs)
         self._capture_size(bs, None, stream)
         if gemv_us < self._replay_us(bs):
             self.graphs.update(with_gemv)
+            self.lora_graphs.update(lora_with_gemv)
         else:
             del self.gemv[bs]
 
@@ -137,21 +156,40 @@ class GraphRunner:
         return replay_us(self.graphs[bs, False], reps=7)
 
     def _capture(
-        self, bs: int, shared: bool, gemv: GemvPlan | None, stream: torch.cuda.Stream
-    ) -> None:
+        self, bs: int, shared: bool, gemv: GemvPlan | None, stream: torch.cuda.Stream,
+        lora: bool = False,
+    ) -> None:  # fmt: skip
         fb = self.static_batch(bs, gemv)
         self.attn.prepare_graph(fb, shared)
         for _ in range(2):  # compile kernels, settle allocations
-            self.hidden[:bs] = self.model(fb, self.attn)
+            self.hidden[:bs] = self._forward(fb, lora)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-            self.hidden[:bs] = self.model(fb, self.attn)
+            self.hidden[:bs] = self._forward(fb, lora)
         if self.pool is None:
             self.pool = graph.pool()
-        self.graphs[bs, shared] = graph
+        (self.lora_graphs if lora else self.graphs)[bs, shared] = graph
+
+    def _forward(self, fb: ForwardBatch, lora: bool) -> torch.Tensor:
+        """The captured work: the model, with LoRA the adapters' deltas of the slots in
+        `lora_slots` (grouped on the device, in the graph)."""
+        if not lora:
+            return self.model(fb, self.attn)
+        assert self.lora is not None
+        from weft.kernels.lora import default_block_m, lora_index
+
+        slots = self.lora_slots[: fb.batch_size]
+        pool = self.lora.pool
+        index = lora_index(slots, pool.max_loras, default_block_m(fb.batch_size))
+        with self.lora.context.use(LoraBatch(pool, slots, index)):
+            return self.model(fb, self.attn)
 
     def can_run(self, fb: ForwardBatch) -> bool:
-        return fb.mode == ForwardMode.DECODE and fb.batch_size <= self.sizes[-1]
+        return (
+            fb.mode == ForwardMode.DECODE
+            and fb.batch_size <= self.sizes[-1]
+            and (fb.lora is None or self.lora is not None)
+        )
 
     def stage(self, fb: ForwardBatch) -> None:
         """Queue the copies of fb's inputs into the static buffers, all but its token ids (which
@@ -168,9 +206,14 @@ class GraphRunner:
             self.out_cache_loc[b:bs].zero_()
             self.req_rows[b:bs].fill_(self.pad_row)
             self.seq_lens[b:bs].zero_()
+        lora = fb.lora is not None and self.lora is not None
+        if lora:
+            assert fb.lora is not None
+            self.lora_slots[:b].copy_(fb.lora.token_slots)
+            self.lora_slots[b:bs].fill_(NO_LORA)
         shared = fb.shared is not None and self.attn.shared_prefix
         self.attn.prepare_replay(fb, bs, shared)
-        self._staged = (fb, bs, shared)
+        self._staged = (fb, bs, shared, lora)
 
     def replay(self, fb: ForwardBatch) -> torch.Tensor:
         """Hidden states [B, hidden] of a real decode batch of size B (staged first unless
@@ -178,8 +221,8 @@ class GraphRunner:
         if self._staged is None or self._staged[0] is not fb:
             self.stage(fb)
         assert self._staged is not None
-        _, bs, shared = self._staged
+        _, bs, shared, lora = self._staged
         self._staged = None
         self.input_ids[: fb.batch_size].copy_(fb.input_ids)
-        self.graphs[bs, shared].replay()
+        (self.lora_graphs if lora else self.graphs)[bs, shared].replay()
         return self.hidden[: fb.batch_size]

@@ -194,6 +194,7 @@ class ModelRunner:
                 self.device,
                 pad_row=0,
                 tuning=config.tuning,
+                lora=self.lora,
             )
             self.graphs.capture()
             logger.info("CUDA graphs captured in %.1f s", time.perf_counter() - t1)
@@ -267,9 +268,7 @@ class ModelRunner:
         self.req_to_token.flush()  # the scheduler's slot writes since the last step
         self.pool.flush()  # and its SWA slot-map writes (hybrid pool)
         fb, futures = self._forward_batch(batch)
-        # NOTE: decode steps with LoRA tokens run eagerly (the graphs hold no LoRA work)
         graphs = self.graphs if self.graphs is not None and self.graphs.can_run(fb) else None
-        graphs = graphs if fb.lora is None else None
         if graphs is not None:
             graphs.stage(fb)
         else:
