@@ -1,5 +1,6 @@
-"""LoRA serving on one rank: the adapters read at start (CPU), their device pool, the sites that
-add the deltas in the model's projections, and each forward's LoraBatch.
+"""LoRA serving on one rank: the adapters read at start (CPU) or in the background while serving,
+their device pool, the sites that add the deltas in the model's projections, and each forward's
+LoraBatch.
 
 The scheduler pins a request's adapter while the request holds KV (KVCacheManager.admit ..
 _drop): every request of a batch holds KV, so a batch has at most the pool's max_loras distinct
@@ -10,6 +11,7 @@ apart (`namespace`): two adapters never share KV.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +63,9 @@ class LoraRuntime:
         self.next_namespace = 1  # never reused: a reloaded name never meets its old KV
         self.retiring: set[str] = set()  # unloaded, still used by requests sent before
         self._leaked: set[str] = set()  # retiring adapters pinned with no request: logged once
+        # adapters being read off the scheduler loop: name -> (folder, the read's future)
+        self.loading: dict[str, tuple[str, Future[LoraAdapter]]] = {}
+        self._reader: ThreadPoolExecutor | None = None
         self.pool = LoraPool(shapes.for_rank(tp_size, tp_rank), config.max_loras_per_batch,
                              max_rank, dtype, device)  # fmt: skip
         for name, path in paths.items():
@@ -76,17 +81,57 @@ class LoraRuntime:
         return {n: a.path for n, a in self.adapters.items() if n not in self.retiring}
 
     def load(self, name: str, path: str) -> None:
-        """Read adapter `path` as `name` under a new namespace; ValueError (the loader's, or a
-        name in use) leaves everything as it was."""
+        """Read adapter `path` as `name` now (at start); ValueError as `start_load`'s or the
+        loader's, with everything left as it was."""
+        self.start_load(name, path, background=False)
+        ((_, error),) = self.finished_loads(wait=True)
+        if error is not None:
+            raise error
+
+    def start_load(self, name: str, path: str, background: bool = True) -> None:
+        """Begin reading adapter `path` as `name` in a worker thread (the scheduler loop goes on
+        serving); `finished_loads` registers it. ValueError at once for a name in use."""
         if name in self.retiring:
             raise ValueError(f"LoRA adapter {name!r} is still being unloaded (requests sent "
                              "before its unload still run): load it again once they finish")  # fmt: skip
         if name in self.adapters:
             raise ValueError(f"a LoRA adapter named {name!r} is already loaded: unload it first")
+        if name in self.loading:
+            raise ValueError(f"a LoRA adapter named {name!r} is being loaded")
+        if not background:
+            future: Future[LoraAdapter] = Future()
+            try:
+                future.set_result(self._read(name, path))
+            except Exception as e:  # NOTE: reported by finished_loads, as a background read's
+                future.set_exception(e)
+        else:
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(1, thread_name_prefix="lora-load")
+            future = self._reader.submit(self._read, name, path)
+        self.loading[name] = (path, future)
+
+    def finished_loads(self, wait: bool = False) -> list[tuple[str, Exception | None]]:
+        """Register the adapters whose read finished (all of them with `wait`): (name, None)
+        for each one now served, (name, the read's error) for each one that failed."""
+        out: list[tuple[str, Exception | None]] = []
+        for name, (_, future) in list(self.loading.items()):
+            if not wait and not future.done():
+                continue
+            del self.loading[name]
+            try:
+                adapter = future.result()
+            except Exception as e:
+                out.append((name, e))
+                continue
+            self.adapters[name] = adapter
+            self.namespaces[name] = self.next_namespace * NAMESPACE_STRIDE
+            self.next_namespace += 1
+            out.append((name, None))
+        return out
+
+    def _read(self, name: str, path: str) -> LoraAdapter:
         adapter = load_adapter(name, path, self.shapes, self.pool.max_rank, self.dtype)
-        self.adapters[name] = shard_adapter(adapter, self.tp_size, self.tp_rank)
-        self.namespaces[name] = self.next_namespace * NAMESPACE_STRIDE
-        self.next_namespace += 1
+        return shard_adapter(adapter, self.tp_size, self.tp_rank)
 
     def unload(self, name: str) -> None:
         """Refuse new requests for `name` (the caller's intake) and free it once no request of

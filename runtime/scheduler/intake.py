@@ -62,20 +62,23 @@ class Intake:
         self.lora_names = lora_names  # the LoRA adapters served
         self.arrivals = 0
 
-    def collect(self, parent_pid: int, busy: bool) -> Inbox:
+    def collect(self, parent_pid: int, busy: bool, poll: bool = False) -> Inbox:
         """Rank 0: messages and finished grammar compiles; blocks while there is nothing to do
-        (not `busy` and nothing arrived)."""
+        (not `busy` and nothing arrived), or with `poll` (work finishing off the loop, such as
+        a LoRA adapter read) for one poll interval at most."""
         assert self.channel is not None
         msgs = self.channel.recv_all(RECV_BYTES)
         ready, failed = self.grammars.scan()
         while not msgs and not ready and not failed and not busy:
-            compiling = bool(self.grammars.pending)
+            compiling = bool(self.grammars.pending) or poll
             msg = self.channel.recv(GRAMMAR_POLL_MS if compiling else IDLE_POLL_MS)
             if msg is not None:
                 msgs.append(msg)
             elif not parent_alive(parent_pid):
                 raise SystemExit("parent process is gone")
             ready, failed = self.grammars.scan()
+            if poll:
+                break
         return Inbox(ready, failed, msgs)
 
     @staticmethod

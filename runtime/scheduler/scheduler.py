@@ -140,11 +140,16 @@ class Scheduler:
             self.clock.idle()
             if not self.grammars.pending:
                 self.on_idle()
-        inbox = self.intake.collect(parent_pid, self.has_work()) if self.is_leader else None
+        loading = self.runner.lora is not None and bool(self.runner.lora.loading)
+        inbox = (
+            self.intake.collect(parent_pid, self.has_work(), loading) if self.is_leader else None
+        )
         if self.tp is not None:
             inbox = self.tp.share_inbox(inbox)
         assert inbox is not None
         self.apply(inbox)
+        for reply in self.lora_replies():  # adapters read in the background since
+            self.reply(reply)
 
     def schedule(self) -> Batch | None:
         """The next batch: a prefill if any request can be admitted, else a decode of the running
@@ -240,7 +245,9 @@ class Scheduler:
             elif isinstance(msg, GetStateReq):
                 self.reply(StateOut(self.state()))
             elif isinstance(msg, (LoadLoraReq, UnloadLoraReq)):
-                self.reply(self.update_lora(msg))
+                reply = self.update_lora(msg)
+                if reply is not None:
+                    self.reply(reply)
             else:
                 self.emit(self.intake.handle(msg))
 
@@ -281,9 +288,11 @@ class Scheduler:
         self.cache.tree.reset()
         return FlushCacheOut(True, "Cache flushed.")
 
-    def update_lora(self, msg: LoadLoraReq | UnloadLoraReq) -> LoraOut:
+    def update_lora(self, msg: LoadLoraReq | UnloadLoraReq) -> LoraOut | None:
         """Load or unload an adapter while serving (every rank alike: they all get the message).
-        A refusal changes nothing: 400 for a bad adapter, 404 for an unknown name."""
+        A refusal changes nothing: 400 for a bad adapter, 404 for an unknown name. A load is
+        read off the loop (None now; `lora_replies` answers once it is read), except with
+        tensor parallelism, where every rank must serve it from the same step."""
         lora = self.runner.lora
         if lora is None:
             return LoraOut(False, "this server was started without LoRA: start it with "
@@ -291,24 +300,40 @@ class Scheduler:
                            "while serving", {}, 400)  # fmt: skip
         if isinstance(msg, LoadLoraReq):
             try:
-                lora.load(msg.name, msg.path)
-            except Exception as e:  # NOTE: the load alone fails (safetensors/torch too)
-                known = isinstance(e, (ValueError, OSError))  # the loader's: file and problem
-                detail = str(e) if known else f"{type(e).__name__}: {e}"
-                return LoraOut(False, detail, lora.served(), 400)
-            message = f"LoRA adapter {msg.name!r} loaded from {msg.path}"
-        else:
-            try:
-                lora.unload(msg.name)
-            except KeyError:
-                served = ", ".join(lora.served()) or "none"
-                return LoraOut(False, f"unknown LoRA adapter {msg.name!r} (loaded: {served})",
-                               lora.served(), 404)  # fmt: skip
-            self.retire_loras()
-            message = f"LoRA adapter {msg.name!r} unloaded"
+                lora.start_load(msg.name, msg.path, background=self.tp is None)
+            except ValueError as e:
+                return LoraOut(False, str(e), lora.served(), 400)
+            return None if self.tp is None else self.lora_replies(wait=True)[0]
+        try:
+            lora.unload(msg.name)
+        except KeyError:
+            served = ", ".join(lora.served()) or "none"
+            return LoraOut(False, f"unknown LoRA adapter {msg.name!r} (loaded: {served})",
+                           lora.served(), 404)  # fmt: skip
+        self.retire_loras()
         self.intake.lora_names = frozenset(lora.served())
+        message = f"LoRA adapter {msg.name!r} unloaded"
         logger.info(message)
         return LoraOut(True, message, lora.served())
+
+    def lora_replies(self, wait: bool = False) -> list[LoraOut]:
+        """The answers to the loads whose read finished (all with `wait`): served from now on,
+        or the read's error (a 400: the file and the problem)."""
+        lora = self.runner.lora
+        if lora is None or not lora.loading:
+            return []
+        replies = []
+        for name, error in lora.finished_loads(wait):
+            if error is None:
+                message = f"LoRA adapter {name!r} loaded from {lora.adapters[name].path}"
+                logger.info(message)
+                replies.append(LoraOut(True, message, lora.served()))
+                continue
+            known = isinstance(error, (ValueError, OSError))  # the loader's: file and problem
+            detail = str(error) if known else f"{type(error).__name__}: {error}"
+            replies.append(LoraOut(False, detail, lora.served(), 400))
+        self.intake.lora_names = frozenset(lora.served())
+        return replies
 
     def retire_loras(self) -> None:
         """Free the unloaded adapters whose last request finished."""

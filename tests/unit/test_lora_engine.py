@@ -207,7 +207,10 @@ def test_enable_lora_starts_without_adapters_and_loads_them_while_serving(setup:
     assert sched.runner.lora is not None and sched.runner.lora.served() == {}
     assert _run(sched, [("base", 0, None)])["base"].output_ids == expected[None, 0]
     for name in ("all", "rs"):
-        out = sched.update_lora(LoadLoraReq(name, str(folders[name])))
+        assert (
+            sched.update_lora(LoadLoraReq(name, str(folders[name]))) is None
+        )  # (read off the loop)
+        (out,) = sched.lora_replies(wait=True)
         assert out.success, out.message
     done = _run(sched, [("a", 0, "all"), ("r", 1, "rs"), ("b", 2, None)])
     assert done["a"].output_ids == expected["all", 0]
@@ -215,5 +218,45 @@ def test_enable_lora_starts_without_adapters_and_loads_them_while_serving(setup:
     assert done["b"].output_ids == expected[None, 2]
     small = EngineConfig(model=str(base), skip_tokenizer_init=True, cpu_threads=1,
                          enable_lora=True, max_lora_rank=4)  # fmt: skip
-    refused = Scheduler(small, base, None).update_lora(LoadLoraReq("all", str(folders["all"])))
-    assert not refused.success and "max_lora_rank" in refused.message
+    small_sched = Scheduler(small, base, None)
+    assert small_sched.update_lora(LoadLoraReq("all", str(folders["all"]))) is None
+    (refused,) = small_sched.lora_replies(wait=True)
+    assert not refused.success and refused.status == 400 and "max_lora_rank" in refused.message
+
+
+def test_an_adapter_is_read_off_the_loop_while_requests_run(
+    setup: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While an adapter's files are read (held here until the base request finished), the
+    scheduler serves; the adapter is refused until its read ends, a second load of its name is
+    a 400, and once read it serves the merged model's tokens."""
+    import threading
+
+    from weft.runtime.executor import lora_step
+
+    base, folders, expected = setup
+    gate = threading.Event()
+    real = lora_step.load_adapter
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        assert gate.wait(60), "the read was never released"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lora_step, "load_adapter", held)
+    cfg = EngineConfig(model=str(base), skip_tokenizer_init=True, cpu_threads=1,
+                       enable_lora=True, max_lora_rank=8)  # fmt: skip
+    sched = Scheduler(cfg, base, None)
+    assert sched.update_lora(LoadLoraReq("all", str(folders["all"]))) is None
+    again = sched.update_lora(LoadLoraReq("all", str(folders["all"])))
+    assert again is not None and again.status == 400 and "being loaded" in again.message
+    done = _run(sched, [("base", 0, None), ("early", 1, "all")])  # the read is still held
+    assert done["base"].output_ids == expected[None, 0]
+    assert (
+        done["early"].finish.status == 400
+        and "unknown LoRA adapter 'all'" in done["early"].finish.message
+    )
+    assert sched.lora_replies() == []
+    gate.set()
+    (out,) = sched.lora_replies(wait=True)
+    assert out.success and out.adapters == {"all": str(folders["all"])}
+    assert _run(sched, [("a", 1, "all")])["a"].output_ids == expected["all", 1]
