@@ -17,28 +17,25 @@ from weft.runtime.executor.distributed import TPGroup
 from weft.runtime.executor.draft import DraftRunner
 from weft.runtime.executor.draft_loader import load_draft
 from weft.runtime.executor.grammar_masks import GrammarMasks
+from weft.runtime.executor.kv_memory import build_kv_memory
 from weft.runtime.executor.logprobs import LogprobRows, gather_logprobs
 from weft.runtime.executor.lora_step import LoraRuntime
-from weft.runtime.executor.memory import RESERVED_PAGES, KVPool, PageAllocator, ReqToTokenPool
+from weft.runtime.executor.memory import ReqToTokenPool
 from weft.runtime.executor.sampler import Sampler, SamplingInputs
 from weft.runtime.executor.shared_prefix import PlanCache
 from weft.runtime.executor.spec_step import sample_verify
 from weft.runtime.executor.step import LaunchedStep, ReqStepResult, input_logprob_rows, samples
-from weft.runtime.executor.swa_memory import HybridKVPool, SWAPageAllocator, hybrid_page_counts
 from weft.runtime.executor.transfer import to_device
 from weft.runtime.loader import gguf_path, iterate_weight_slices
 from weft.runtime.loader.fp8_checkpoint import refuse_quantized_checkpoint
 from weft.runtime.loader.gguf_tensors import iterate_gguf
 from weft.runtime.models import build_model, check_quantization, init_dummy_weights
-from weft.runtime.models.llama import LlamaDecoderLayer, head_dim_of
 from weft.runtime.models.quant import QuantContext, make_quant_config
 
 if TYPE_CHECKING:
     from weft.runtime.scheduler.request import Req
 
 logger = logging.getLogger(__name__)
-
-CPU_KV_BYTES = 1 << 30  # default CPU budget for the KV pool
 
 
 class ModelRunner:
@@ -90,57 +87,18 @@ class ModelRunner:
             else None
         )
 
-        num_layers = hf_config.num_hidden_layers
-        first = self.model.layers[0]
-        assert isinstance(first, LlamaDecoderLayer)
-        kv_heads = first.self_attn.num_kv_heads  # this rank's
-        head_dim = head_dim_of(hf_config)
-        kv_dtype = config.kv_torch_dtype
-        per_slot = KVPool.bytes_per_slot(num_layers, kv_heads, head_dim, kv_dtype)
         loaded = None  # speculative decoding's draft model, loaded before the pool is sized
+        draft_bytes = None
         if config.speculative_draft_model_path is not None:
             loaded = load_draft(config, config.speculative_draft_model_path, self.device,
                                 self.dtype, context_len)  # fmt: skip
-            per_slot += DraftRunner.bytes_per_slot(config, loaded.hf_config, tp)
-        windows = [getattr(layer.self_attn, "sliding_window", None) for layer in self.model.layers]
-        windowed = [w is not None for w in windows]
-        self.swa_window = (  # the hybrid pool: windowed layers keep a window per request
-            max(w for w in windows if w is not None)
-            if any(windowed) and not all(windowed) and not config.disable_hybrid_swa_memory
-            else None
-        )
-        self.allocator: PageAllocator | SWAPageAllocator
-        self.pool: KVPool
-        if self.swa_window is not None:
-            if loaded is not None:  # (n-gram speculation needs no pool of its own)
-                raise ValueError(
-                    "draft-model speculation does not run on the hybrid sliding-window KV pool "
-                    "yet (its own KV pool is not sized with it); pass "
-                    "disable_hybrid_swa_memory=True"
-                )
-            layer_bytes = KVPool.bytes_per_slot(1, kv_heads, head_dim, kv_dtype)
-            num_pages, num_swa_pages = hybrid_page_counts(
-                config, self.page_size, self.context_len, self.swa_window, windowed, layer_bytes,
-                self._kv_budget,
-            )  # fmt: skip
-            if tp is not None:
-                num_pages, num_swa_pages = tp.min_int(num_pages), tp.min_int(num_swa_pages)
-            self.allocator = SWAPageAllocator(
-                num_pages, num_swa_pages, self.page_size, self.swa_window, self.device
-            )
-            self.pool = HybridKVPool(
-                num_pages * self.page_size, num_swa_pages * self.page_size, windowed, kv_heads,
-                head_dim, kv_dtype, self.device, self.allocator,
-            )  # fmt: skip
-        else:
-            num_pages = self._num_pages(per_slot)
-            if tp is not None:  # the same pool size on every rank: the accounting is replicated
-                num_pages = tp.min_int(num_pages)
-            # slot numbers live on the host (the scheduler's table mirror, the radix tree)
-            self.allocator = PageAllocator(num_pages, self.page_size, "cpu")
-            self.pool = KVPool(
-                num_pages * self.page_size, num_layers, kv_heads, head_dim, kv_dtype, self.device
-            )
+            draft_bytes = DraftRunner.bytes_per_slot(config, loaded.hf_config, tp)
+        memory = build_kv_memory(config, self.model, hf_config, self.device, context_len, tp,
+                                 draft_bytes)  # fmt: skip
+        self.allocator = memory.allocator
+        self.pool = memory.pool
+        self.swa_window = memory.swa_window
+        num_pages = self.allocator.num_pages
         self.req_to_token = ReqToTokenPool(config.max_running_requests, context_len, self.device)
         self.attn = create_attention_backend(
             config.attention_backend,
@@ -163,7 +121,7 @@ class ModelRunner:
             if loaded is not None
             else None
         )  # fmt: skip
-        if any(w is not None for w in windows) and not self.attn.supports_sliding_window:
+        if any(memory.windowed) and not self.attn.supports_sliding_window:
             raise ValueError(
                 f"attention backend {type(self.attn).__name__} has no sliding-window attention, "
                 f"which this {hf_config.model_type} model needs"
@@ -214,37 +172,6 @@ class ModelRunner:
             self.req_to_token.max_reqs, self.hf_config.vocab_size, self.device, self.fused
         )
         self.masks.warm_up(self.dtype)
-        if isinstance(self.allocator, SWAPageAllocator):
-            logger.info(
-                "KV pool (hybrid sliding window %d): %d full tokens for %d global layers, %d SWA "
-                "tokens for %d windowed layers, in pages of %d",
-                self.allocator.window, self.allocator.total_slots, windowed.count(False),
-                self.allocator.swa_total_slots, windowed.count(True), self.page_size,
-            )  # fmt: skip
-        else:
-            logger.info(
-                "KV pool: %d tokens in pages of %d", self.allocator.total_slots, self.page_size
-            )
-
-    def _num_pages(self, bytes_per_slot: int) -> int:
-        if self.config.max_total_tokens is not None:
-            tokens = self.config.max_total_tokens
-        else:
-            tokens = self._kv_budget() // bytes_per_slot
-        return -(-tokens // self.page_size) + RESERVED_PAGES
-
-    def _kv_budget(self) -> int:
-        """Bytes for the KV pool."""
-        if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            used_by_others = total - free
-            budget = int(total * self.config.mem_fraction) - used_by_others
-            if budget <= 0:
-                raise ValueError(
-                    f"no GPU memory left for the KV pool with mem_fraction={self.config.mem_fraction}"
-                )
-            return budget
-        return self.config.kv_cache_bytes or CPU_KV_BYTES
 
     ##### One step #####
 
