@@ -1,9 +1,11 @@
-"""Tool calls through the openai client on a real `weft serve`: required, named, auto, none."""
+"""Tool calls through the openai client on a real `weft serve`: required, named, auto, none; and
+a format other than the template's (--tool-call-parser qwen3_coder) with a forced output."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -195,3 +197,50 @@ def test_bad_tool_requests(client: openai.OpenAI, kw: dict[str, Any], needle: st
     with pytest.raises(openai.BadRequestError, match=needle) as info:
         client.chat.completions.create(**{**COMMON, "max_tokens": 4, **kw})
     assert info.value.body["param"] == "tool_choice"  # type: ignore[index]
+
+
+##### --tool-call-parser qwen3_coder (a tiny random Llama whose output is forced) #####
+
+CODER_CALL = (
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParís\n</parameter>\n</function>\n"
+    "</tool_call>"
+)
+
+
+@pytest.fixture(scope="module")
+def coder_server(
+    default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    from support import ServerProcess, save_tiny_llama
+
+    root = tmp_path_factory.mktemp("qwen3-coder")
+    model = save_tiny_llama(root / "model", default_model_dir)
+    args = ["--model", str(model), "--served-model-name", "tiny", "--tool-call-parser",
+            "qwen3_coder", "--cpu-threads", "1"]  # fmt: skip
+    proc = ServerProcess(args, root / "serve.log")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+def test_qwen3_coder_calls_whole_and_streamed(coder_server: Any) -> None:
+    client = openai.OpenAI(base_url=f"{coder_server.url}/v1", api_key="unused", max_retries=0)
+    forced = {"type": "const_string", "value": f"Let me check. {CODER_CALL}"}
+    kw: Any = {"model": "tiny", "tools": TOOLS, "max_tokens": 64,
+               "response_format": {"type": "structural_tag", "format": forced}}  # fmt: skip
+    choice = client.chat.completions.create(**{**COMMON, **kw}).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me check."
+    [call] = choice.message.tool_calls or []
+    assert call.id.startswith("call_") and call.type == "function"
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather",
+        {"city": "París"},
+    )
+    assert stream(client, **kw) == ("Let me check.", calls_of(choice.message), "tool_calls")
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    with pytest.raises(openai.BadRequestError, match="not enforceable with the qwen3_coder") as e:
+        client.chat.completions.create(**{**COMMON, "model": "tiny", "tools": strict})
+    assert e.value.body["param"] == "tools"  # type: ignore[index]

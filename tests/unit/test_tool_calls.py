@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
@@ -15,6 +15,8 @@ from weft.runtime.server.http.tool_calls import (
     split_output,
     tool_call_format,
 )
+from weft.runtime.server.http.tool_formats import FORMATS
+from weft.runtime.server.http.tool_parser import TOOL_CALL_PARSERS, ToolFormat
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [
@@ -71,6 +73,54 @@ def test_tool_call_format_follows_the_chat_template() -> None:
     assert tool_call_format("<|python_tag|>") == "llama"
     assert tool_call_format("{% for m in messages %}{{ m.content }}{% endfor %}") == "hermes"
     assert tool_call_format(None) == "hermes"
+
+
+# the tool-call parts of the models' own chat templates
+QWEN3_CODER_TEMPLATE = """{%- for tool_call in message.tool_calls %}
+    {{- '\\n<tool_call>\\n<function=' + tool_call.name + '>\\n' }}
+    {%- for args_name, args_value in tool_call.arguments|items %}
+        {{- '<parameter=' + args_name + '>\\n' }}{{- args_value }}{{- '\\n</parameter>\\n' }}
+    {%- endfor %}
+    {{- '</function>\\n</tool_call>' }}
+{%- endfor %}"""
+LLAMA_PYTHONIC_TEMPLATE = (
+    '{{- "If you decide to invoke any of the function(s), you MUST put it in the format of '
+    "[func_name1(params_name1=params_value1, params_name2=params_value2...), func_name2(params)]"
+    '\\n" }}\n{{- "You SHOULD NOT include any other text in the response.\\n" }}'
+)
+DEEPSEEK_V3_TEMPLATE = (
+    "{%- for tool in message['tool_calls'] %}{%- if not ns.is_first %}\n"
+    "{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + "
+    "'<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json' + '\\n' + "
+    "tool['function']['arguments'] + '\\n' + '```' + '<｜tool▁call▁end｜>'}}\n"
+    "{%- endif %}{%- endfor %}{{'<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'}}"
+)
+DEEPSEEK_V31_TEMPLATE = (
+    "{%- for tool in message['tool_calls'] %}{%- if not ns.is_first %}\n"
+    "{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'+ tool['function']['name'] + "
+    "'<｜tool▁sep｜>' + tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}\n"
+    "{%- endif %}{%- endfor %}{{'<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'}}"
+)
+
+
+@pytest.mark.parametrize(
+    ("template", "fmt"),
+    [
+        (QWEN3_CODER_TEMPLATE, "qwen3_coder"),  # holds <tool_call> too: not hermes
+        (LLAMA_PYTHONIC_TEMPLATE, "pythonic"),
+        (DEEPSEEK_V3_TEMPLATE, "deepseekv3"),
+        (DEEPSEEK_V31_TEMPLATE, "deepseekv31"),
+        ({"default": "x", "tool_use": DEEPSEEK_V31_TEMPLATE}, "deepseekv31"),
+    ],
+)
+def test_tool_call_format_knows_the_newer_templates(template: Any, fmt: str) -> None:
+    assert tool_call_format(template) == fmt
+
+
+def test_the_formats_registered_are_the_ones_named() -> None:
+    assert set(FORMATS) == set(get_args(ToolFormat))
+    assert {f for f in TOOL_CALL_PARSERS.values() if f is not None} == set(FORMATS)
+    assert all(FORMATS[name].name == name for name in FORMATS)
 
 
 def walk_ids(spec: str, ids: list[int], tokenizer: Any = None) -> str:
@@ -131,6 +181,65 @@ def test_strict_auto_calls_are_constrained_to_known_functions_and_their_schemas(
     assert walk_text(llama, "") == "complete"
     content, calls = split_output(plan_tools(strict, "auto", None, "llama").parser(), l_call)
     assert content is None and [c.name for c in calls] == ["weather"]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "call"),
+    [
+        ("deepseekv3", "<｜tool▁call▁begin｜>function<｜tool▁sep｜>weather\n```json\n{ARGS}\n```"
+                       "<｜tool▁call▁end｜>"),
+        ("deepseekv31", "<｜tool▁call▁begin｜>weather<｜tool▁sep｜>{ARGS}<｜tool▁call▁end｜>"),
+    ],
+)  # fmt: skip
+def test_strict_auto_deepseek_calls_are_constrained(fmt: str, call: str) -> None:
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    plan = plan_tools(strict, "auto", None, fmt)
+    tag = plan.structural_tag or ""
+    assert json.loads(tag)["format"]["triggers"] == ["<｜tool▁call▁begin｜>"]
+    good = call.replace("{ARGS}", '{"city": "Oslo"}')
+    assert walk_text(tag, "No call needed.") == "complete"
+    assert (
+        walk_text(tag, f"Sure. <｜tool▁calls▁begin｜>{good}{good}<｜tool▁calls▁end｜>")
+        == "complete"
+    )
+    assert walk_text(tag, good[: good.index("Oslo")]) == "prefix"
+    assert walk_text(tag, call.replace("{ARGS}", '{"city": 7}')) == "blocked"
+    assert walk_text(tag, good.replace("weather", "nope")) == "blocked"
+    parser = plan.parser()
+    assert parser is not None
+    assert split_output(parser, f"Sure. {good}")[1][0].arguments == '{"city": "Oslo"}'
+
+
+@pytest.mark.parametrize("fmt", ["qwen3_coder", "pythonic"])
+def test_strict_auto_is_refused_where_arguments_are_not_json(fmt: Any) -> None:
+    """No JSON schema constrains XML or Python arguments: a 400 that says so, never a strict
+    request served unconstrained; required and named stay JSON constraints."""
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    with pytest.raises(BadRequest, match=f"not enforceable with the {fmt} tool-call parser") as e:
+        plan_tools(strict, "auto", None, fmt)
+    assert 'tool_choice "required"' in str(e.value) and e.value.param == "tools"
+    assert plan_tools(TOOLS, "auto", None, fmt).constraint() == {}  # not strict: parsed only
+    required = plan_tools(strict, "required", None, fmt)
+    assert required.strict and required.json_schema is not None
+    parser = required.parser()
+    assert parser is not None
+    text = '[{"name": "time", "parameters": {}}]'
+    assert [c.name for c in split_output(parser, text)[1]] == ["time"]
+
+
+def test_the_plan_reads_calls_in_its_format() -> None:
+    """The format the plan was made for reaches the parser, with the schemas its values need."""
+    days = {"type": "object", "properties": {"days": {"type": "integer"}}}
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": days}}]
+    call = "<tool_call>\n<function=weather>\n<parameter=days>\n3\n</parameter>\n</function>\n"
+    parser = plan_tools(tools, "auto", None, "qwen3_coder").parser()
+    assert parser is not None
+    content, calls = split_output(parser, f"Sure.\n{call}</tool_call>")
+    assert content == "Sure." and [(c.name, c.arguments) for c in calls] == [
+        ("weather", '{"days": 3}')
+    ]
+    hermes = plan_tools(tools, "auto", None).parser()
+    assert hermes is not None and split_output(hermes, call)[1] == []
 
 
 @pytest.mark.parametrize(
@@ -195,7 +304,22 @@ def test_special_markers_keep_special_tokens_in_the_text() -> None:
     call = '[TOOL_CALLS] [{"name": "time", "arguments": {}}]'
     ids = mistral_like.encode(call, add_special_tokens=False)
     assert ids[0] == marker
-    parser = plan_tools(TOOLS, "auto", None).parser()
+    parser = plan_tools(TOOLS, "auto", None, "mistral").parser()
     assert parser is not None
     text = mistral_like.decode(ids, skip_special_tokens=False)
     assert [c.name for c in split_output(parser, text)[1]] == ["time"]
+    hermes = plan_tools(TOOLS, "auto", None).parser()  # only the active format's markers
+    assert hermes is not None and split_output(hermes, text) == (text, [])
+
+
+@pytest.mark.parametrize(
+    "marker", ["<|python_start|>", "<|python_tag|>", "<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>"]
+)
+def test_the_newer_formats_markers_keep_special_tokens_too(marker: str) -> None:
+    import copy
+
+    from test_constrain_support import tokenizer
+
+    special = copy.deepcopy(tokenizer())
+    special.add_special_tokens({"additional_special_tokens": [marker]})
+    assert markers_are_special(special)

@@ -31,22 +31,27 @@ STRICT = [
 @pytest.mark.parametrize(
     "parser, expected",
     [("auto", "hermes"), ("hermes", "hermes"), ("qwen25", "hermes"), ("mistral", "mistral"),
-     ("llama3", "llama")],
+     ("llama3", "llama"), ("qwen3_coder", "qwen3_coder"), ("pythonic", "pythonic"),
+     ("deepseekv3", "deepseekv3"), ("deepseekv31", "deepseekv31")],
 )  # fmt: skip
 def test_a_named_parser_overrides_the_template(parser: str, expected: str) -> None:
     assert resolve_tool_format(parser, HERMES_TEMPLATE) == expected
     assert resolve_tool_format("auto", "[TOOL_CALLS] [{...}]") == "mistral"
+    assert resolve_tool_format("auto", "<tool_call>\n<function=f>\n<parameter=a>") == "qwen3_coder"
 
 
 def test_an_unknown_parser_is_refused_by_the_config_and_the_command_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(ValueError, match="tool_call_parser must be one of auto, hermes"):
-        ServerConfig(tool_call_parser="deepseekv3")
+        ServerConfig(tool_call_parser="kimi_k2")
     with pytest.raises(SystemExit):
-        cli.main(["serve", "--tool-call-parser", "deepseekv3"])
-    assert "invalid choice: 'deepseekv3'" in capsys.readouterr().err
-    assert set(TOOL_CALL_PARSERS) == {"auto", "hermes", "qwen25", "mistral", "llama3"}
+        cli.main(["serve", "--tool-call-parser", "kimi_k2"])
+    assert "invalid choice: 'kimi_k2'" in capsys.readouterr().err
+    assert set(TOOL_CALL_PARSERS) == {"auto", "hermes", "qwen25", "mistral", "llama3",
+                                      "qwen3_coder", "pythonic", "deepseekv3", "deepseekv31"}  # fmt: skip
+    for name in ("qwen3_coder", "pythonic", "deepseekv3", "deepseekv31"):
+        assert ServerConfig(tool_call_parser=name).tool_call_parser == name
 
 
 class _Tokenizer:
@@ -75,3 +80,17 @@ def test_the_server_works_the_format_out_once_and_strict_auto_follows_it(
     tag = json.loads(plan_tools(STRICT, "auto", None, state.tool_format[0]).structural_tag or "")
     marker = "[TOOL_CALLS]" if fmt == "mistral" else "<tool_call>"
     assert tag["format"]["triggers"] == [marker]
+
+
+class _DeepSeekTokenizer:
+    chat_template = "{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['function']['name'] }}"
+    all_special_tokens = ["<｜end▁of▁sentence｜>", "<｜tool▁calls▁begin｜>"]
+
+
+def test_a_deepseek_template_gets_its_format_and_keeps_its_special_markers() -> None:
+    state = AppState(ServerConfig())
+    state.runtime = SimpleNamespace(tokenizer=_DeepSeekTokenizer())  # type: ignore[assignment]
+    assert _tool_format(state) == ("deepseekv31", True)
+    tag = json.loads(plan_tools(STRICT, "auto", None, "deepseekv31").structural_tag or "")
+    assert tag["format"]["triggers"] == ["<｜tool▁call▁begin｜>"]
+    assert tag["format"]["tags"][0]["begin"] == "<｜tool▁call▁begin｜>weather<｜tool▁sep｜>"

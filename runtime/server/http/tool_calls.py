@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 from weft.constrain import GrammarError, GrammarSpec
 from weft.runtime.server.http.errors import BadRequest
+from weft.runtime.server.http.tool_formats import FORMATS, template_format
 from weft.runtime.server.http.tool_parser import (
-    HERMES_CLOSE,
-    HERMES_OPEN,
-    MISTRAL,
-    PYTHON_TAG,
     TOOL_CALL_PARSERS,
     Mode,
     ToolCall,
@@ -34,6 +31,7 @@ class ToolPlan:
     named: str | None = None  # the function of a named tool_choice
     strict: bool = False  # a constrained function says strict: refuse unenforceable keywords
     structural_tag: str | None = None  # auto with strict functions: calls constrained in text
+    tool_format: ToolFormat = "hermes"  # how the model writes calls (auto reads them so)
 
     def constraint(self) -> dict[str, Any]:
         """The sampling parameters of the plan's constraint ({} when nothing is constrained)."""
@@ -49,8 +47,11 @@ class ToolPlan:
     def parser(self) -> ToolCallParser | None:
         if self.mode == "none":
             return None
-        names = frozenset(str(t["function"]["name"]) for t in self.tools or ())
-        return ToolCallParser(self.mode, names, self.named, self.parallel)
+        params = {
+            str(t["function"]["name"]): t["function"].get("parameters") for t in self.tools or ()
+        }
+        fmt = FORMATS[self.tool_format]
+        return ToolCallParser(self.mode, frozenset(params), self.named, self.parallel, fmt, params)
 
 
 def plan_tools(
@@ -63,10 +64,12 @@ def plan_tools(
     "required", {"type": "function", "function": {"name"}}, or None: auto when tools are given).
     BadRequest for a bad combination. `strict: true` on a function makes the constraint strict:
     with required, if any tool says so (a refused keyword cannot be traced to one function).
-    With auto, calls are parsed out of free text; if a function says strict, a structural tag in
-    the model's `tool_format` (`tool_call_format` of its chat template) makes every call the
-    model opens hold a valid call: a known name and arguments of its schema (as SGLang does;
-    for a Llama-style template: an output that starts with `{` must be one call)."""
+    With auto, calls are parsed out of free text in the model's `tool_format` (`tool_call_format`
+    of its chat template, or --tool-call-parser); if a function says strict, a structural tag in
+    that format makes every call the model opens hold a valid call: a known name and arguments of
+    its schema (as SGLang does; for a Llama-style template: an output that starts with `{` must
+    be one call). A format whose arguments are not JSON (qwen3_coder, pythonic) has no such tag:
+    strict functions under auto are then a BadRequest, never accepted unenforced."""
     if not tools:
         if choice is not None and choice != "none":
             raise BadRequest("tool_choice is only allowed when tools are given", 400, "tool_choice")
@@ -77,13 +80,22 @@ def plan_tools(
     params = {str(t["function"]["name"]): t["function"].get("parameters") for t in tools}
     params = {name: schema or {"type": "object"} for name, schema in params.items()}
     if choice is None or choice == "auto":
+        auto = ToolPlan("auto", tools, None, parallel=not one, tool_format=tool_format)
         if not any(t["function"].get("strict") for t in tools):
-            return ToolPlan("auto", tools, None, parallel=not one)
+            return auto
         try:
             tag = tool_call_tag(params, tool_format, parallel=not one)
         except GrammarError as e:
             raise BadRequest(f"tools: {e}", 400, "tools") from None
-        return ToolPlan("auto", tools, None, parallel=not one, strict=True, structural_tag=tag)
+        if tag is None:
+            raise BadRequest(
+                f"strict function calling is not enforceable with the {tool_format} tool-call "
+                'parser (its call arguments are not JSON): use tool_choice "required" or a '
+                "named function (their calls are constrained JSON), or drop strict",
+                400,
+                "tools",
+            )
+        return replace(auto, strict=True, structural_tag=tag)
     if choice == "required":
         calls = [
             {
@@ -109,20 +121,14 @@ def plan_tools(
 
 
 def tool_call_format(chat_template: str | Mapping[str, str] | None) -> ToolFormat:
-    """The tool-call format a chat template asks of the model: "mistral" (`[TOOL_CALLS] [...]`),
-    "llama" (the whole message one `{"name", "parameters"}` object: Llama 3.x), or "hermes"
-    (`<tool_call>{...}</tool_call>` blocks: Hermes, Qwen; also for a template that names no
-    format, as the parser's default)."""
+    """The tool-call format a chat template asks of the model: the first format of
+    tool_formats.FORMATS whose markers its text holds (mistral `[TOOL_CALLS]`; deepseekv3 /
+    deepseekv31 `<｜tool▁calls▁begin｜>`, with or without a ```json fence; qwen3_coder
+    `<function=` / `<parameter=`; hermes `<tool_call>`; pythonic `[func_name1(params_name1=...`;
+    llama `<|python_tag|>` or `"parameters": `), else "hermes" (the parser's default too)."""
     if isinstance(chat_template, Mapping):
         chat_template = "\n".join(str(t) for t in chat_template.values())
-    text = chat_template or ""
-    if MISTRAL in text:
-        return "mistral"
-    if HERMES_OPEN in text:
-        return "hermes"
-    if PYTHON_TAG in text or '"parameters": ' in text:
-        return "llama"
-    return "hermes"
+    return cast(ToolFormat, template_format(chat_template or "") or "hermes")
 
 
 def resolve_tool_format(parser: str, chat_template: str | Mapping[str, str] | None) -> ToolFormat:
@@ -133,50 +139,25 @@ def resolve_tool_format(parser: str, chat_template: str | Mapping[str, str] | No
 
 
 def markers_are_special(tokenizer: Any) -> bool:
-    """Whether one of the tool-call markers is a special token of the tokenizer (Mistral's
-    `[TOOL_CALLS]`, Llama's `<|python_tag|>`): detokenizing must then keep special tokens, or
-    the parser never sees where a call begins (SGLang does the same)."""
+    """Whether one of the tool-call markers of any format is a special token of the tokenizer
+    (Mistral's `[TOOL_CALLS]`, Llama's `<|python_tag|>` / `<|python_start|>`, DeepSeek's
+    `<｜tool▁calls▁begin｜>` ...): detokenizing must then keep special tokens, or the parser
+    never sees where a call begins (SGLang does the same)."""
     special = set(getattr(tokenizer, "all_special_tokens", ()))
-    return any(m in special for m in (HERMES_OPEN, HERMES_CLOSE, MISTRAL, PYTHON_TAG))
+    return any(m in special for fmt in FORMATS.values() for m in fmt.tokens)
 
 
-def tool_call_tag(params: Mapping[str, Any], tool_format: ToolFormat, parallel: bool = True) -> str:
+def tool_call_tag(
+    params: Mapping[str, Any], tool_format: ToolFormat, parallel: bool = True
+) -> str | None:
     """A structural tag (xgrammar's format form, canonical JSON) for calls in `tool_format`:
     free text, in which the format's marker opens a call of one of the functions of `params`
     (name -> parameters schema) with arguments of its schema; with `parallel` False, the output
-    ends after the first call. "llama": no marker opens a call, the call is the whole message:
-    an output that starts with `{` (after whitespace) is one call, any other is free text."""
-    if tool_format == "llama":
-        return _llama_tag(params)
-    trigger = HERMES_OPEN if tool_format == "hermes" else MISTRAL
-    tags = []
-    for name, schema in params.items():
-        head = '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": '
-        if tool_format == "hermes":
-            begin, end = f"{HERMES_OPEN}\n{head}", "}\n" + HERMES_CLOSE
-        else:
-            begin, end = f"{MISTRAL} [{head}", "}]"
-        content = {"type": "json_schema", "json_schema": schema}
-        tags.append({"begin": begin, "content": content, "end": end})
-    node = {"type": "triggered_tags", "triggers": [trigger], "tags": tags,
-            "stop_after_first": not parallel}  # fmt: skip
-    return GrammarSpec.structural_tag({"type": "structural_tag", "format": node}).spec
-
-
-def _llama_tag(params: Mapping[str, Any]) -> str:
-    calls = [
-        {
-            "type": "tag",
-            "begin": '{"name": ' + json.dumps(name, ensure_ascii=False) + ', "parameters": ',
-            "content": {"type": "json_schema", "json_schema": schema},
-            "end": "}",
-        }
-        for name, schema in params.items()
-    ]
-    call = {"type": "sequence", "elements": [{"type": "regex", "pattern": r"\s*"},
-                                             {"type": "or", "elements": calls}]}  # fmt: skip
-    text = {"type": "regex", "pattern": r"(\s*[^\s{][\s\S]*)?"}  # not a call: not from `{`
-    node = {"type": "or", "elements": [call, text]}
+    ends after the first call. "llama": no marker opens a call, the call is the whole message.
+    None for a format whose arguments no JSON schema can constrain."""
+    node = FORMATS[tool_format].strict_tag(params, parallel)
+    if node is None:
+        return None
     return GrammarSpec.structural_tag({"type": "structural_tag", "format": node}).spec
 
 

@@ -1,5 +1,5 @@
-"""Tool calls parsed out of a chat output, incrementally: Hermes / Qwen, Mistral and Llama 3.x
-formats, and the JSON shapes that tool_choice required / a named function constrain."""
+"""Tool calls parsed out of a chat output, incrementally: the scanner that splits an output into
+content and calls for one call format (`tool_formats`), and the cursor formats read text with."""
 
 from __future__ import annotations
 
@@ -7,10 +7,16 @@ import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from weft.runtime.server.http.tool_formats import CallFormat
 
 Mode = Literal["none", "auto", "required", "named"]
-ToolFormat = Literal["hermes", "mistral", "llama"]  # how a model writes its calls
+# how a model writes its calls (a format of tool_formats.FORMATS)
+ToolFormat = Literal[
+    "hermes", "mistral", "llama", "qwen3_coder", "pythonic", "deepseekv3", "deepseekv31"
+]
 # --tool-call-parser (SGLang's names): a format, or "auto": the one the chat template names
 TOOL_CALL_PARSERS: dict[str, ToolFormat | None] = {
     "auto": None,
@@ -18,12 +24,11 @@ TOOL_CALL_PARSERS: dict[str, ToolFormat | None] = {
     "qwen25": "hermes",
     "mistral": "mistral",
     "llama3": "llama",
+    "qwen3_coder": "qwen3_coder",
+    "pythonic": "pythonic",
+    "deepseekv3": "deepseekv3",
+    "deepseekv31": "deepseekv31",
 }
-
-HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"  # Hermes / Qwen, anywhere in the text
-MISTRAL = "[TOOL_CALLS]"  # Mistral: a JSON array of calls follows, anywhere in the text
-PYTHON_TAG = "<|python_tag|>"  # Llama 3.1 may put it before its JSON call
-_MARKERS = (HERMES_OPEN, MISTRAL)
 
 
 @dataclass(frozen=True)
@@ -42,45 +47,192 @@ class ToolCall:
         return call if index is None else {"index": index, **call}
 
 
+class NeedMore(Exception):
+    """The text ends where more text may still make a call: wait (never at the output's end)."""
+
+
+class NotACall(Exception):
+    """The text at the cursor is no call of the format."""
+
+
+class Cursor:
+    """Reads a format's calls off the start of a text. `final`: the text is the whole rest of
+    the output; `extent`: how far the block is known to reach (the end of its JSON or of its
+    closing tag), so that a block that is no call is content up to there."""
+
+    def __init__(
+        self, text: str, final: bool, scan: Scan, names: frozenset[str], params: Mapping[str, Any]
+    ) -> None:
+        self.text = text
+        self.final = final
+        self.scan = scan
+        self.names = names
+        self.params = params  # function name -> its parameters schema
+        self.pos = 0
+        self.extent = 0
+
+    def more(self) -> Exception:
+        """What a read that runs off the text raises."""
+        return NotACall() if self.final else NeedMore()
+
+    def at_end(self) -> bool:
+        return self.pos >= len(self.text)
+
+    def ws(self) -> None:
+        self.pos = _skip_ws(self.text, self.pos)
+
+    def ahead(self, lit: str) -> bool:
+        """Whether `lit` comes next (not consumed)."""
+        rest = self.text[self.pos : self.pos + len(lit)]
+        if len(rest) < len(lit) and lit.startswith(rest) and not self.final:
+            raise NeedMore
+        return rest == lit
+
+    def skip(self, lit: str) -> bool:
+        """Consumes `lit` if it comes next."""
+        if self.ahead(lit):
+            self.pos += len(lit)
+            return True
+        return False
+
+    def lit(self, lit: str) -> None:
+        if not self.skip(lit):
+            raise NotACall
+
+    def until(self, lit: str) -> str:
+        """The text up to the next `lit`, which is consumed too."""
+        at = self.scan.find(self.text, lit, self.pos)
+        if at < 0:
+            raise self.more()
+        head, self.pos = self.text[self.pos : at], at + len(lit)
+        return head
+
+    def json(self, opens: str = "{[") -> Any:
+        """The JSON value whose bracket (one of `opens`) opens here; INVALID if it is no JSON."""
+        return loads(self.bracketed(opens, python=False))
+
+    def bracketed(self, opens: str, python: bool) -> str:
+        """The text from the bracket that opens here to the one that closes it."""
+        if self.at_end():
+            raise self.more()
+        if self.text[self.pos] not in opens:
+            raise NotACall
+        end = self.scan.bracket_end(self.text, self.pos, python)
+        if end is None:
+            raise self.more()
+        head, self.pos = self.text[self.pos : end], end
+        self.extent = max(self.extent, end)
+        return head
+
+    def end(self) -> None:
+        """The output ends here (so, until it has ended, more text may follow)."""
+        if not self.at_end():
+            raise NotACall
+        if not self.final:
+            raise NeedMore
+
+    def calls(self, value: Any, list_only: bool = False) -> list[ToolCall]:
+        """The calls of a parsed {"name", "arguments" | "parameters"} object or list of them:
+        every one a call of a known function with an object of arguments."""
+        items = value if isinstance(value, list) else None if list_only else [value]
+        if not items or not all(isinstance(item, dict) for item in items):
+            raise NotACall
+        calls = []
+        for item in items:
+            args = item.get("arguments", item.get("parameters", {}))
+            if isinstance(args, str):  # some models send the arguments as a JSON string
+                args = loads(args)
+            calls.append(self.call(item.get("name"), args))
+        return calls
+
+    def call(self, name: Any, arguments: Any) -> ToolCall:
+        """A call of the function `name` (one of the tools) with an object of arguments."""
+        text = dumps(arguments) if isinstance(arguments, dict) else None
+        if not isinstance(name, str) or name not in self.names or text is None:
+            raise NotACall
+        return ToolCall(name, text)
+
+
+class Scan:
+    """Searches in the parser's buffer that resume where they last stopped: between two
+    consumptions the buffer only grows (the parser then starts a new Scan), so a stream is
+    scanned once, O(n), however finely it is cut."""
+
+    def __init__(self) -> None:
+        self._brackets: dict[tuple[int, bool], _BracketEnd] = {}
+        self._from: dict[tuple[str, int], int] = {}  # a search not found yet: resume here
+        self._hits: dict[tuple[str, int], int] = {}
+
+    def find(self, text: str, needle: str, start: int) -> int:
+        key = (needle, start)
+        if key in self._hits:
+            return self._hits[key]
+        at = text.find(needle, self._from.get(key, start))
+        if at < 0:
+            self._from[key] = max(start, len(text) - len(needle) + 1)
+        else:
+            self._hits[key] = at
+        return at
+
+    def bracket_end(self, text: str, start: int, python: bool) -> int | None:
+        key = (start, python)
+        if key not in self._brackets:
+            self._brackets[key] = _BracketEnd(start, python)
+        return self._brackets[key].end(text)
+
+
 class ToolCallParser:
     """Separates tool calls from content, incrementally: `feed` returns the pieces (content text
     or complete calls, in order) that can be released now and holds back text that may still be
     a call; `finish` releases the rest. A whole output goes through the same path as a stream,
     so both give the same message.
 
-    Only complete JSON is parsed: a call counts once its JSON is complete, names a function in
-    `tools` and has an object of arguments; any other text (malformed or cut-off JSON, unknown
-    functions) is content. Whitespace next to calls is dropped; with no calls the content is the
-    text exactly. With parallel False, calls after the first are dropped.
+    A call counts once it is complete, names a function in `names` and has an object of
+    arguments; any other text (malformed or cut-off calls, unknown functions) is content.
+    Whitespace next to calls is dropped; with no calls the content is the text exactly. With
+    parallel False, calls after the first are dropped.
 
     required: the whole output is a JSON array of {"name", "parameters"} (the constraint's
-    shape); named: the whole output is the arguments object; auto: Hermes/Qwen
-    `<tool_call>{"name", "arguments"}</tool_call>` blocks and Mistral `[TOOL_CALLS][{...}, ...]`
-    anywhere in the text, or a Llama 3.1 `{"name", "parameters"}` object as the whole message."""
+    shape); named: the whole output is the arguments object; auto: calls in `fmt` (a format of
+    tool_formats; `params` maps names to parameters schemas, for formats whose arguments are
+    text). Without a format: Hermes / Qwen `<tool_call>` blocks and Mistral `[TOOL_CALLS]`
+    anywhere in the text, or a Llama 3.1 JSON call as the whole message."""
 
     def __init__(
-        self, mode: Mode, names: frozenset[str], named: str | None = None, parallel: bool = True
+        self,
+        mode: Mode,
+        names: frozenset[str],
+        named: str | None = None,
+        parallel: bool = True,
+        fmt: CallFormat | None = None,
+        params: Mapping[str, Any] | None = None,
     ) -> None:
         assert mode != "none" and (mode == "named") == (named is not None)
+        if fmt is None:
+            from weft.runtime.server.http.tool_formats import ANY_JSON  # NOTE: it imports us
+
+            fmt = ANY_JSON
         self.mode = mode
         self.names = names
         self.named = named
         self.parallel = parallel
+        self.fmt = fmt
+        self.params = params or {}
         self.num_calls = 0
         self._buf = ""  # text not released yet
         self._ws = ""  # trailing whitespace of released content, held until text follows
-        self._at_start = True  # auto: nothing released yet, the output may be one JSON call
-        self._json: _JsonEnd | None = None  # scans self._buf; dropped when its front is consumed
+        self._at_start = True  # auto: nothing released yet, the output may be calls only
+        self._scan = Scan()  # searches in self._buf; renewed when its front is consumed
 
     def feed(self, text: str) -> list[str | ToolCall]:
         self._buf += text
         out: list[str | ToolCall] = []
-        self._scan(False, out)
+        self._scan_buf(False, out)
         return out
 
     def finish(self) -> list[str | ToolCall]:
         out: list[str | ToolCall] = []
-        self._scan(True, out)
+        self._scan_buf(True, out)
         self._text(self._consume(len(self._buf)), out)  # what was held and never completed
         if self._ws and not self.num_calls:
             out.append(self._ws)
@@ -89,121 +241,79 @@ class ToolCallParser:
 
     ##### Internal Helper Functions #####
 
-    def _scan(self, final: bool, out: list[str | ToolCall]) -> None:
+    def _scan_buf(self, final: bool, out: list[str | ToolCall]) -> None:
         if self.mode == "auto":
             self._scan_auto(final, out)
             return
         if not final:  # NOTE: the constraint ends the output where the JSON ends: no wait
             return
-        start = _skip_ws(self._buf, 0)
-        end = self._json_end(start)
-        if end is None:  # cut off: content (finish releases it)
-            return
-        calls = self._constrained_calls(self._buf[start:end])
-        if calls is None or self._buf[end:].strip():
-            self._text(self._consume(len(self._buf)), out)
+        c = self._cursor(final)
+        try:
+            c.ws()
+            value = c.json()
+            c.ws()
+            c.end()
+            named = [c.call(self.named, value)] if self.named is not None else None
+            calls = named or c.calls(value, list_only=True)
+        except NotACall:  # content (finish releases it)
             return
         self._consume(len(self._buf))
         for call in calls:
             self._call(call, out)
 
-    def _constrained_calls(self, text: str) -> list[ToolCall] | None:
-        value = _loads(text)
-        if self.mode == "named":
-            assert self.named is not None
-            return [_make_call(self.named, value)] if isinstance(value, dict) else None
-        return _calls_of(value, self.names, list_only=True)
-
     def _scan_auto(self, final: bool, out: list[str | ToolCall]) -> None:
+        markers = self.fmt.markers
         while self._buf:
             if self._at_start:
-                if not self._scan_whole_message(final, out):
+                if not self._scan_whole(final, out):
                     return
                 continue
-            at = min((i for i in (self._buf.find(m) for m in _MARKERS) if i >= 0), default=-1)
+            at = min((i for i in (self._buf.find(m) for m in markers) if i >= 0), default=-1)
             if at < 0:
-                keep = 0 if final else _held_suffix(self._buf)
+                keep = 0 if final else _held_suffix(self._buf, markers)
                 self._text(self._consume(len(self._buf) - keep), out)
                 return
             self._text(self._consume(at), out)
-            if self._buf.startswith(HERMES_OPEN):
-                end, calls = self._hermes_block(final)
-            else:
-                end, calls = self._mistral_block()
-            if end is None:  # the block is not complete yet (at the end: content)
+            c = self._cursor(final)
+            try:
+                calls = self.fmt.block(c)
+            except NeedMore:  # the block is not complete yet
                 return
-            block = self._consume(end)
-            if calls is None:
-                self._text(block, out)
-            for call in calls or ():
+            except NotACall:  # content: the marker, or the block as far as it is known
+                opener = max((len(m) for m in markers if self._buf.startswith(m)), default=1)
+                self._text(self._consume(max(c.extent, opener)), out)
+                continue
+            assert c.pos > 0, self.fmt.name
+            self._consume(c.pos)
+            for call in calls:
                 self._call(call, out)
 
-    def _scan_whole_message(self, final: bool, out: list[str | ToolCall]) -> bool:
-        """Auto, at the start: a Llama-style JSON call as the whole message. False while that
-        is still open; True once decided (the output then continues as plain text)."""
-        buf = self._buf
-        start = _skip_ws(buf, 0)
-        if buf.startswith(PYTHON_TAG, start):
-            start = _skip_ws(buf, start + len(PYTHON_TAG))
-        elif (
-            not final
-            and 0 < len(buf) - start < len(PYTHON_TAG)
-            and PYTHON_TAG.startswith(buf[start:])
-        ):
+    def _scan_whole(self, final: bool, out: list[str | ToolCall]) -> bool:
+        """Auto, at the start: calls as the whole message. False while that is still open;
+        True once decided (the output then goes on as text, or is done)."""
+        c = self._cursor(final)
+        try:
+            calls = self.fmt.whole(c)
+        except NeedMore:
             return False
-        if start == len(buf) and not final:
-            return False
-        end = self._json_end(start) if buf.startswith("{", start) else None
-        if end is None and buf.startswith("{", start) and not final:
-            return False
-        calls = None if end is None else _calls_of(_loads(buf[start:end]), self.names)
-        if calls is not None and not buf[end:].strip():
-            if not final:
-                return False  # a call, if nothing but whitespace follows
-            self._consume(len(buf))
-            self._call(calls[0], out)
+        except NotACall:
+            calls = None
         self._at_start = False
+        if calls is not None:
+            self._consume(len(self._buf))
+            for call in calls:
+                self._call(call, out)
         return True
 
-    def _hermes_block(self, final: bool) -> tuple[int | None, list[ToolCall] | None]:
-        """`<tool_call>{json}</tool_call>` at the start of the buffer: (its end, its call or None
-        when it is no call); end None while incomplete. At the output's end the closing tag may
-        be missing."""
-        buf = self._buf
-        start = _skip_ws(buf, len(HERMES_OPEN))
-        if start < len(buf) and buf[start] != "{":
-            return len(HERMES_OPEN), None
-        end = self._json_end(start)
-        if end is None:
-            return None, None
-        calls = _calls_of(_loads(buf[start:end]), self.names)
-        after = _skip_ws(buf, end)
-        if buf.startswith(HERMES_CLOSE, after):
-            return after + len(HERMES_CLOSE), calls
-        if HERMES_CLOSE.startswith(buf[after:]) and not final:
-            return None, None  # the closing tag may still come
-        return end, (calls if after == len(buf) else None)
-
-    def _mistral_block(self) -> tuple[int | None, list[ToolCall] | None]:
-        """`[TOOL_CALLS][{...}, ...]` at the start of the buffer: (end, calls or None)."""
-        buf = self._buf
-        start = _skip_ws(buf, len(MISTRAL))
-        if start < len(buf) and buf[start] not in "[{":
-            return len(MISTRAL), None
-        end = self._json_end(start)
-        return end, (None if end is None else _calls_of(_loads(buf[start:end]), self.names))
+    def _cursor(self, final: bool) -> Cursor:
+        return Cursor(self._buf, final, self._scan, self.names, self.params)
 
     def _consume(self, n: int) -> str:
         """Takes the buffer's first n characters off."""
         head, self._buf = self._buf[:n], self._buf[n:]
         if n:
-            self._json = None
+            self._scan = Scan()
         return head
-
-    def _json_end(self, start: int) -> int | None:
-        if self._json is None or self._json.start != start:
-            self._json = _JsonEnd(start)
-        return self._json.end(self._buf)
 
     def _text(self, text: str, out: list[str | ToolCall]) -> None:
         text = self._ws + text
@@ -219,82 +329,76 @@ class ToolCallParser:
             self.num_calls += 1
 
 
-class _JsonEnd:
-    """Where the JSON object or array opening at text[start] closes (by bracket balance, strings
-    skipped). Each call resumes where the last one stopped, so a text that only grows is scanned
-    once: a stream costs O(n), not O(n^2)."""
+class _BracketEnd:
+    """Where the bracket opening at text[start] closes, by bracket balance with strings skipped:
+    JSON's (`"`, `[]{}`) or Python's (`'`, `"`, triple quotes, `()[]{}`). Each call resumes where
+    the last one stopped, so a text that only grows is scanned once."""
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, python: bool) -> None:
         self.start = start
+        self._quotes = "\"'" if python else '"'
+        self._opens, self._closes = ("([{", ")]}") if python else ("[{", "]}")
+        self._python = python
         self._pos = start
         self._depth = 0
-        self._in_string = self._escaped = False
+        self._quote = ""  # the delimiter of the string the scan is in
+        self._escaped = False
         self._end: int | None = None
 
     def end(self, text: str) -> int | None:
-        if self.start >= len(text) or text[self.start] not in "[{":
+        if self.start >= len(text) or text[self.start] not in self._opens:
             return None
-        if self._end is not None:
-            return self._end
-        depth, in_string, escaped = self._depth, self._in_string, self._escaped
-        for i in range(self._pos, len(text)):
+        i, n = self._pos, len(text)
+        while self._end is None and i < n:
             ch = text[i]
-            if in_string:
-                if escaped:
-                    escaped = False
+            if self._quote:
+                if self._escaped:
+                    self._escaped = False
                 elif ch == "\\":
-                    escaped = True
-                elif ch == '"':
-                    in_string = False
-            elif ch == '"':
-                in_string = True
-            elif ch in "[{":
-                depth += 1
-            elif ch in "]}":
-                depth -= 1
-                if depth == 0:
+                    self._escaped = True
+                elif ch == self._quote[0]:
+                    if len(self._quote) == 3 and i + 3 > n:
+                        break  # may close a triple-quoted string: wait for the rest
+                    if text.startswith(self._quote, i):
+                        i += len(self._quote) - 1
+                        self._quote = ""
+            elif ch in self._quotes:
+                if self._python and i + 3 > n:
+                    break  # a triple quote or not: wait for the rest
+                self._quote = ch * 3 if self._python and text.startswith(ch * 3, i) else ch
+                i += len(self._quote) - 1
+            elif ch in self._opens:
+                self._depth += 1
+            elif ch in self._closes:
+                self._depth -= 1
+                if self._depth == 0:
                     self._end = i + 1
-                    return self._end
-        self._pos, self._depth, self._in_string, self._escaped = (
-            len(text),
-            depth,
-            in_string,
-            escaped,
-        )
-        return None
+            i += 1
+        self._pos = i
+        return self._end
 
 
-def _calls_of(value: Any, names: frozenset[str], list_only: bool = False) -> list[ToolCall] | None:
-    """Calls from a parsed {"name", "arguments" | "parameters"} object or a list of them; None
-    unless every one is a call of a known function with an object of arguments."""
-    items = value if isinstance(value, list) else None if list_only else [value]
-    if not items:
-        return None
-    calls = []
-    for item in items:
-        if not isinstance(item, dict) or item.get("name") not in names:
-            return None
-        args = item.get("arguments", item.get("parameters", {}))
-        if isinstance(args, str):  # some models send the arguments as a JSON string
-            args = _loads(args)
-        if not isinstance(args, dict):
-            return None
-        calls.append(_make_call(str(item["name"]), args))
-    return calls
+INVALID = object()  # what loads gives for text that is not JSON
 
 
-def _make_call(name: str, arguments: Mapping[str, Any]) -> ToolCall:
-    return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
-
-
-_INVALID = object()  # what _loads gives for text that is not JSON
-
-
-def _loads(text: str) -> Any:
+def loads(text: str) -> Any:
+    """The JSON value of text, or INVALID (NaN and Infinity are no JSON)."""
     try:
-        return json.loads(text)
-    except ValueError:
-        return _INVALID
+        return json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return INVALID
+
+
+def dumps(arguments: Any) -> str | None:
+    """Arguments as JSON text; None where they have no JSON form."""
+    try:
+        return json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _skip_ws(text: str, i: int) -> int:
@@ -303,9 +407,9 @@ def _skip_ws(text: str, i: int) -> int:
     return i
 
 
-def _held_suffix(text: str) -> int:
+def _held_suffix(text: str, markers: tuple[str, ...]) -> int:
     """The length of text's longest suffix that may be the start of a marker."""
-    for n in range(min(len(text), max(map(len, _MARKERS)) - 1), 0, -1):
-        if any(m.startswith(text[-n:]) for m in _MARKERS):
+    for n in range(min(len(text), max(map(len, markers), default=1) - 1), 0, -1):
+        if any(m.startswith(text[-n:]) for m in markers):
             return n
     return 0
