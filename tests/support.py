@@ -166,3 +166,39 @@ def save_tiny_llama(folder: Path, tokenizer_dir: Path, **config: Any) -> Path:
         if "token" in name or name.endswith(".jinja"):
             shutil.copy(tokenizer_dir / name, folder / name)
     return folder
+
+
+def scheduler_greedy(config: Any, folder: Path, prompts: list[list[int]], new: int) -> list[Any]:
+    """`new` greedy tokens per prompt (ignore_eos) through an in-process Scheduler of `config`
+    (an EngineConfig), all prompts submitted at once; the KV conservation checked at the end."""
+    from weft.runtime.executor.distributed import Inbox
+    from weft.runtime.ipc.messages import TokenizedGenerateReq
+    from weft.runtime.sampling_params import SamplingParams
+    from weft.runtime.scheduler.scheduler import Scheduler
+
+    sched = Scheduler(config, folder, None)
+    done: dict[str, list[int]] = {}
+    sched.emit = lambda reqs: done.update({r.rid: list(r.output_ids) for r in reqs if r.finished})
+    params = SamplingParams(temperature=0, max_new_tokens=new, ignore_eos=True)
+    for i, ids in enumerate(prompts):
+        sched.add_request(TokenizedGenerateReq(f"r{i}", ids, params, new))
+    while sched.has_work():
+        sched.apply(Inbox([], [], []))
+        sched.process_results(sched.launch(sched.schedule()))
+    sched.cache.check_conservation()
+    return [done[f"r{i}"] for i in range(len(prompts))]
+
+
+def hf_greedy(hf: Any, prompts: list[list[int]], new: int) -> list[list[int]]:
+    """`new` greedy tokens per prompt from a transformers model's generate (EOS ignored)."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            x = torch.tensor([ids])
+            got = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                              max_new_tokens=new, min_new_tokens=new, eos_token_id=None,
+                              pad_token_id=0)  # fmt: skip
+            out.append(got[0, len(ids) :].tolist())
+    return out

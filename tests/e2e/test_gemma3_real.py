@@ -16,12 +16,9 @@ from typing import Any
 
 import pytest
 import torch
+from support import hf_greedy, scheduler_greedy
 
 from weft.runtime.config import EngineConfig
-from weft.runtime.executor.distributed import Inbox
-from weft.runtime.ipc.messages import TokenizedGenerateReq
-from weft.runtime.sampling_params import SamplingParams
-from weft.runtime.scheduler.scheduler import Scheduler
 
 MODELS = Path(os.environ.get("WEFT_MODELS", Path.home() / ".cache" / "weft-models"))
 GGUF = MODELS.expanduser() / "gemma-3-270m-q4_k_m.gguf"
@@ -64,24 +61,11 @@ def prompt_ids(tokenizer: Any) -> list[list[int]]:
     return ids
 
 
-def weft_greedy(cfg: EngineConfig, folder: Path, prompts: list[list[int]], new: int) -> list[Any]:
-    sched = Scheduler(cfg, folder, None)
-    done: dict[str, list[int]] = {}
-    sched.emit = lambda reqs: done.update({r.rid: list(r.output_ids) for r in reqs if r.finished})
-    params = SamplingParams(temperature=0, max_new_tokens=new, ignore_eos=True)
-    for i, ids in enumerate(prompts):
-        sched.add_request(TokenizedGenerateReq(f"r{i}", ids, params, new))
-    while sched.has_work():
-        sched.apply(Inbox([], [], []))
-        sched.process_results(sched.launch(sched.schedule()))
-    return [done[f"r{i}"] for i in range(len(prompts))]
-
-
 @pytest.fixture(scope="module")
 def weft_out(folder: Path, weft_cache: Path, prompt_ids: list[list[int]]) -> list[list[int]]:
     cfg = EngineConfig(model=str(GGUF), dequantize=True, cache_dir=str(weft_cache),
                        device="cpu", dtype="float32", max_total_tokens=4096)  # fmt: skip
-    return weft_greedy(cfg, folder, prompt_ids, NEW)
+    return scheduler_greedy(cfg, folder, prompt_ids, NEW)
 
 
 def test_greedy_equals_hf_token_for_token(
@@ -90,14 +74,7 @@ def test_greedy_equals_hf_token_for_token(
     import transformers
 
     hf = transformers.Gemma3ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    hf.generation_config.eos_token_id = None  # NEW tokens each, as ignore_eos
-    expected = []
-    with torch.no_grad():
-        for ids in prompt_ids:
-            x = torch.tensor([ids])
-            out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=NEW,
-                              do_sample=False, pad_token_id=0)  # fmt: skip
-            expected.append(out[0, len(ids) :].tolist())
+    expected = hf_greedy(hf, prompt_ids, NEW)
     assert weft_out == expected
     assert tokenizer.decode(weft_out[0]).startswith(" Berlin")  # the norms' +1 undone
 
@@ -110,7 +87,7 @@ def test_kept_quantized_equals_dequantized(
     cfg = EngineConfig(model=str(GGUF), cache_dir=str(weft_cache), device="cpu",
                        dtype="float32", max_total_tokens=4096)  # fmt: skip
     assert cfg.resolved_quantization == "gguf"
-    got = weft_greedy(cfg, folder, prompt_ids[:2], 8)
+    got = scheduler_greedy(cfg, folder, prompt_ids[:2], 8)
     assert got == [ids[:8] for ids in weft_out[:2]]
 
 

@@ -1,12 +1,15 @@
-"""Builders and checks shared by the memory, cache-manager and scheduling unit tests: requests, KV
-cache managers, a simulated model's forward, slot accounting."""
+"""Builders and checks shared by the memory, cache-manager, scheduling and attention unit tests:
+requests, KV cache managers, a simulated model's forward, slot accounting, attention steps."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from weft.radix import NoCache, PrefixCache, RadixCache
+from weft.runtime.executor.batch import ForwardBatch, ForwardMode
 from weft.runtime.executor.memory import PageAllocator, ReqToTokenPool
 from weft.runtime.sampling_params import SamplingParams
 from weft.runtime.scheduler.cache_manager import KVCacheManager
@@ -104,3 +107,37 @@ def release_all(cache: KVCacheManager, reqs: Sequence[Req]) -> None:
         if req.row is not None:
             cache.cache_req(req, release=True)
     cache.check_conservation()
+
+
+def step_batch(
+    table: torch.Tensor,
+    rows: Sequence[int],
+    seq: Sequence[int],
+    ext: list[int],
+    order: list[int] | None = None,
+    n: int = 0,
+    shared: Any = None,
+) -> ForwardBatch:
+    """An attention step of requests `order` (default 0..len(ext)-1) of the request table:
+    request b holds seq[b] tokens in table row rows[b] and runs its last ext[i] of them; padded
+    to n rows (row 0, seq len 0, one token at slot 0). DECODE when every ext is 1."""
+    order = order or list(range(len(ext)))
+    n = max(n, len(ext))
+    r = [rows[b] for b in order] + [0] * (n - len(ext))
+    lens = [seq[b] for b in order] + [0] * (n - len(ext))
+    ext = ext + [1] * (n - len(ext))
+    positions = torch.cat([torch.arange(s - e, s) for s, e in zip(lens, ext, strict=True)])
+    loc = torch.cat([table[row, max(s - e, 0) : s] for row, s, e in zip(r, lens, ext, strict=True)])
+    loc = torch.cat([loc, torch.zeros(sum(ext) - loc.numel(), dtype=torch.int64)])
+    return ForwardBatch(
+        mode=ForwardMode.DECODE if max(ext) == 1 else ForwardMode.EXTEND,
+        input_ids=torch.zeros(sum(ext), dtype=torch.int64),
+        positions=positions.clamp(min=0),
+        out_cache_loc=loc,
+        req_rows=torch.tensor(r),
+        seq_lens=torch.tensor(lens),
+        extend_lens=torch.tensor(ext),
+        seq_lens_cpu=lens,
+        extend_lens_cpu=ext,
+        shared=shared,
+    )

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import test_kernels  # the interpreter set-up; importing it skips this module without triton
 import torch
+from kv_helpers import step_batch
 from test_kernel_extend import FP8, extend_args, store_new_tokens
 from test_kernels import INTERPRETING, NAN, TOL, assert_close, make_pool
 
@@ -232,7 +233,6 @@ def test_triton_backend_in_a_window_equals_the_torch_backend() -> None:
     from weft.kernels.rotary import cos_sin_cache, rotary_embedding
     from weft.runtime.executor.attention.torch_backend import TorchAttentionBackend
     from weft.runtime.executor.attention.triton_backend import TritonAttentionBackend
-    from weft.runtime.executor.batch import ForwardBatch, ForwardMode
     from weft.runtime.executor.memory import KVPool
     from weft.runtime.executor.shared_prefix import MEMBERS_PER_BLOCK, SharedPrefixPlan
 
@@ -253,29 +253,7 @@ def test_triton_backend_in_a_window_equals_the_torch_backend() -> None:
     seq = [shared_len + n for n in own]
 
     def step(ext: list[int], order: list[int] | None = None, n: int = 0, shared: Any = None) -> Any:
-        """Requests `order` (default 0..4) running ext[i] new tokens each, padded to n rows."""
-        order = order or list(range(len(ext)))
-        n = max(n, len(ext))
-        r = [rows[b] for b in order] + [0] * (n - len(ext))
-        lens = [seq[b] for b in order] + [0] * (n - len(ext))
-        ext = ext + [1] * (n - len(ext))
-        positions = torch.cat([torch.arange(s - e, s) for s, e in zip(lens, ext, strict=True)])
-        loc = torch.cat(
-            [table[row, max(s - e, 0) : s] for row, s, e in zip(r, lens, ext, strict=True)]
-        )
-        loc = torch.cat([loc, torch.zeros(sum(ext) - loc.numel(), dtype=torch.int64)])
-        return ForwardBatch(
-            mode=ForwardMode.DECODE if max(ext) == 1 else ForwardMode.EXTEND,
-            input_ids=torch.zeros(sum(ext), dtype=torch.int64),
-            positions=positions.clamp(min=0),
-            out_cache_loc=loc,
-            req_rows=torch.tensor(r),
-            seq_lens=torch.tensor(lens),
-            extend_lens=torch.tensor(ext),
-            seq_lens_cpu=lens,
-            extend_lens_cpu=ext,
-            shared=shared,
-        )
+        return step_batch(table, rows, seq, ext, order, n, shared)
 
     def torch_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: Any, w: int | None) -> Any:
         reference = TorchAttentionBackend(pool, table)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from support import save_word_tokenizer
+from support import hf_greedy, save_word_tokenizer
 from test_models import PagedRequest
 from test_models_moe import weft_greedy
 
@@ -84,12 +84,7 @@ def test_greedy_output_matches_hf_generate(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 11, 17)]
     new = 10
-    expected = []
-    with torch.no_grad():
-        for ids in prompts:
-            out = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=new,
-                              min_new_tokens=new, eos_token_id=None, pad_token_id=0)  # fmt: skip
-            expected.append(out[0, len(ids) :].tolist())
+    expected = hf_greedy(hf, prompts, new)
     assert len({tuple(e) for e in expected}) > 1
     assert weft_greedy(tmp_path, prompts, new) == expected
 

@@ -11,11 +11,9 @@ from typing import Any
 import pytest
 import torch
 import transformers
-from support import save_word_tokenizer
+from support import hf_greedy, save_word_tokenizer, scheduler_greedy
 
 from weft.runtime.config import EngineConfig
-from weft.runtime.executor.distributed import Inbox
-from weft.runtime.ipc.messages import TokenizedGenerateReq
 from weft.runtime.loader.gguf_header import GGUFHeader
 from weft.runtime.loader.gguf_weights import check_supported
 from weft.runtime.loader.weights import iterate_weight_slices
@@ -28,7 +26,6 @@ from weft.runtime.models import (
 )
 from weft.runtime.models.moe import MixtralForCausalLM, Qwen3MoeForCausalLM, SparseMoeBlock
 from weft.runtime.models.parallel import TPInfo
-from weft.runtime.sampling_params import SamplingParams
 from weft.runtime.scheduler.scheduler import Scheduler
 
 VOCAB = 256
@@ -78,17 +75,7 @@ def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def weft_greedy(folder: Path, prompts: list[list[int]], new: int) -> list[list[int]]:
     cfg = EngineConfig(model=str(folder), device="cpu", dtype="float32", cpu_threads=1,
                        max_total_tokens=512, max_running_requests=4)  # fmt: skip
-    sched = Scheduler(cfg, folder, None)
-    done: dict[str, list[int]] = {}
-    sched.emit = lambda reqs: done.update({r.rid: list(r.output_ids) for r in reqs if r.finished})
-    params = SamplingParams(temperature=0, max_new_tokens=new, ignore_eos=True)
-    for i, ids in enumerate(prompts):
-        sched.add_request(TokenizedGenerateReq(f"r{i}", ids, params, new))
-    while sched.has_work():
-        sched.apply(Inbox([], [], []))
-        sched.process_results(sched.launch(sched.schedule()))
-    sched.cache.check_conservation()
-    return [done[f"r{i}"] for i in range(len(prompts))]
+    return scheduler_greedy(cfg, folder, prompts, new)
 
 
 def test_greedy_output_matches_hf_generate(saved: Any) -> None:
@@ -96,12 +83,7 @@ def test_greedy_output_matches_hf_generate(saved: Any) -> None:
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, VOCAB, (n,), generator=gen).tolist() for n in (5, 11, 17)]
     new = 8
-    expected = []
-    with torch.no_grad():
-        for ids in prompts:
-            out = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=new,
-                              min_new_tokens=new, eos_token_id=None, pad_token_id=0)  # fmt: skip
-            expected.append(out[0, len(ids) :].tolist())
+    expected = hf_greedy(hf, prompts, new)
     assert len({tuple(e) for e in expected}) > 1  # the prompts lead to different outputs
     assert weft_greedy(folder, prompts, new) == expected
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import test_kernels  # the interpreter set-up; importing it skips this module without triton
 import torch
+from kv_helpers import step_batch
 from test_kernel_extend import FP8, extend_args
 from test_kernels import INTERPRETING, NAN, TOL, assert_close, make_pool
 
@@ -187,30 +188,7 @@ class Hybrid:
 
     def step(self, ext: list[int], order: list[int] | None = None, n: int = 0,
              shared: Any = None) -> Any:  # fmt: skip
-        """Requests `order` (default 0..4) running ext[i] new tokens each, padded to n rows."""
-        from weft.runtime.executor.batch import ForwardBatch, ForwardMode
-
-        order = order or list(range(len(ext)))
-        n = max(n, len(ext))
-        r = [ROWS[b] for b in order] + [0] * (n - len(ext))
-        lens = [SEQ[b] for b in order] + [0] * (n - len(ext))
-        ext = ext + [1] * (n - len(ext))
-        positions = torch.cat([torch.arange(s - e, s) for s, e in zip(lens, ext, strict=True)])
-        loc = torch.cat([self.table[row, max(s - e, 0) : s]
-                         for row, s, e in zip(r, lens, ext, strict=True)])  # fmt: skip
-        loc = torch.cat([loc, torch.zeros(sum(ext) - loc.numel(), dtype=torch.int64)])
-        return ForwardBatch(
-            mode=ForwardMode.DECODE if max(ext) == 1 else ForwardMode.EXTEND,
-            input_ids=torch.zeros(sum(ext), dtype=torch.int64),
-            positions=positions.clamp(min=0),
-            out_cache_loc=loc,
-            req_rows=torch.tensor(r),
-            seq_lens=torch.tensor(lens),
-            extend_lens=torch.tensor(ext),
-            seq_lens_cpu=lens,
-            extend_lens_cpu=ext,
-            shared=shared,
-        )
+        return step_batch(self.table, ROWS, SEQ, ext, order, n, shared)
 
     def snapshot(self) -> list[torch.Tensor]:
         return [t.clone() for t in (*self.pool.k, *self.pool.v)]
