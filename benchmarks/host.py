@@ -36,6 +36,7 @@ import torch
 
 
 def tool_parser(lengths: list[int], repeats: int) -> None:
+    from weft.runtime.server.http.tool_formats import ANY_JSON
     from weft.runtime.server.http.tool_parser import ToolCallParser
 
     print("| characters | ms per stream | us per character |\n|---|---|---|")
@@ -43,7 +44,7 @@ def tool_parser(lengths: list[int], repeats: int) -> None:
         text = json.dumps({"name": "weather", "parameters": {"city": "x" * n}})
         times = []
         for _ in range(repeats):
-            parser = ToolCallParser("auto", frozenset({"weather"}))
+            parser = ToolCallParser("auto", frozenset({"weather"}), fmt=ANY_JSON)
             start = time.perf_counter()
             for ch in text:
                 parser.feed(ch)

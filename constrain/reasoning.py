@@ -1,5 +1,6 @@
-"""Constraints of reasoning models: free text up to the end of the reasoning section, then the
-request's grammar (JSON schema, regex, EBNF or structural tag), as one structural tag.
+"""Reasoning models' think markers (`--reasoning-parser`, SGLang's names) and their constraints:
+free text up to the end of the reasoning section, then the request's grammar (JSON schema, regex,
+EBNF or structural tag), as one structural tag.
 
 The output opens with the start marker (Qwen3 writes `<think>`), or may start inside the
 reasoning with the marker optional (DeepSeek-R1, whose chat template often wrote it into the
@@ -14,11 +15,41 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 from weft.constrain.errors import GrammarError
 from weft.constrain.spec import GrammarSpec
 from weft.constrain.structural_tag import structural_tag_format
+
+ReasoningParserName = Literal["deepseek-r1", "qwen3"]
+REASONING_PARSERS: tuple[str, ...] = get_args(ReasoningParserName)
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    """A model family's markers, and whether its output starts inside the reasoning."""
+
+    name: str
+    start: str = "<think>"
+    end: str = "</think>"
+    starts_inside: bool = False
+
+    def thinking(self, template_kwargs: dict[str, Any] | None) -> bool:
+        """Whether a chat request's output begins with reasoning (so its constraint waits for
+        the end marker): qwen3's `enable_thinking: false` turns it off, as in SGLang."""
+        if self.name == "qwen3":
+            return (template_kwargs or {}).get("enable_thinking", True) is not False
+        return True
+
+
+def reasoning_format(name: str) -> ReasoningFormat:
+    if name not in REASONING_PARSERS:
+        raise ValueError(
+            f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {name!r}"
+        )
+    return ReasoningFormat(name, starts_inside=name == "deepseek-r1")
+
 
 MAX_GAP = 4  # whitespace characters allowed between the end marker and the constrained answer
 CONSTRAINT_KEYS = ("json_schema", "regex", "ebnf", "structural_tag")

@@ -17,11 +17,11 @@ from weft.constrain import (
 )
 from weft.constrain.errors import PROCESS_EXITS, failure_text
 from weft.constrain.limits import DEFAULT_LIMITS
+from weft.constrain.reasoning import reasoning_format
 from weft.constrain.thinking_budget import ThinkingBudget
 from weft.runtime.config import EngineConfig
 from weft.runtime.sampling_params import SamplingParams
 from weft.runtime.scheduler.request import Req
-from weft.runtime.server.reasoning import reasoning_format
 
 logger = logging.getLogger(__name__)
 

@@ -15,36 +15,16 @@ of the same text gives, cut anywhere.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
-ReasoningParserName = Literal["deepseek-r1", "qwen3"]
-REASONING_PARSERS: tuple[str, ...] = get_args(ReasoningParserName)
+from weft.constrain.reasoning import (  # the markers: the grammar layer's (the scheduler's too)
+    REASONING_PARSERS,
+    ReasoningFormat,
+    ReasoningParserName,
+    reasoning_format,
+)
 
-
-@dataclass(frozen=True)
-class ReasoningFormat:
-    """A model family's markers, and whether its output starts inside the reasoning."""
-
-    name: str
-    start: str = "<think>"
-    end: str = "</think>"
-    starts_inside: bool = False
-
-    def thinking(self, template_kwargs: dict[str, Any] | None) -> bool:
-        """Whether a chat request's output begins with reasoning (so its constraint waits for
-        the end marker): qwen3's `enable_thinking: false` turns it off, as in SGLang."""
-        if self.name == "qwen3":
-            return (template_kwargs or {}).get("enable_thinking", True) is not False
-        return True
-
-
-def reasoning_format(name: str) -> ReasoningFormat:
-    if name not in REASONING_PARSERS:
-        raise ValueError(
-            f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {name!r}"
-        )
-    return ReasoningFormat(name, starts_inside=name == "deepseek-r1")
+__all__ = ["REASONING_PARSERS", "ReasoningFormat", "ReasoningParserName", "reasoning_format"]
 
 
 class ReasoningStream:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weft.runtime.server.http.tool_calls import split_output, stream_deltas
-from weft.runtime.server.http.tool_formats import FORMATS
+from weft.runtime.server.http.tool_formats import ANY_JSON, FORMATS
 from weft.runtime.server.http.tool_parser import Mode, ToolCall, ToolCallParser
 
 NAMES = frozenset({"weather", "time"})
@@ -38,7 +38,8 @@ def make_parser(
 ) -> ToolCallParser:
     """A parser of `fmt` (a format of FORMATS; None: the parser's default, Hermes / Mistral /
     Llama JSON) for the functions of PARAMS."""
-    return ToolCallParser(mode, NAMES, named, parallel, FORMATS[fmt] if fmt else None, PARAMS)
+    return ToolCallParser(mode, NAMES, named, parallel, fmt=FORMATS[fmt] if fmt else ANY_JSON,
+                          params=PARAMS)  # fmt: skip
 
 
 def parse(
@@ -443,7 +444,7 @@ def test_deepseek_versions_read_only_their_own_calls() -> None:
 
 
 def test_stream_releases_plain_text_early_and_holds_possible_calls() -> None:
-    parser = ToolCallParser("auto", NAMES)
+    parser = ToolCallParser("auto", NAMES, fmt=ANY_JSON)
     assert parser.feed("Hello") == ["Hello"]
     assert parser.feed(" world <tool") == [" world"]  # "<tool" may open a call
     assert parser.feed("_call>") == []
@@ -452,13 +453,13 @@ def test_stream_releases_plain_text_early_and_holds_possible_calls() -> None:
     assert isinstance(call, ToolCall) and call.name == "time" and call.id.startswith("call_")
     assert parser.finish() == []
 
-    held = ToolCallParser("auto", NAMES)
+    held = ToolCallParser("auto", NAMES, fmt=ANY_JSON)
     assert held.feed('{"answer": ') == []  # may be a Llama-style call: held
     assert held.feed("4} ok") == ['{"answer": 4} ok']  # decided: content
 
 
 def test_stream_deltas_index_the_calls() -> None:
-    parser = ToolCallParser("auto", NAMES)
+    parser = ToolCallParser("auto", NAMES, fmt=ANY_JSON)
     block = '<tool_call>{"name": "time", "arguments": {}}</tool_call>'
     first = stream_deltas(parser, "Sure. " + block + block, final=False)
     assert first[0] == {"content": "Sure."}
@@ -496,7 +497,7 @@ def test_a_long_call_streamed_by_the_character_parses_whole() -> None:
     """A long JSON answer streamed one character at a time yields nothing until it ends, then the
     one call. (Its time per character: `python benchmarks/host.py tool-parser`.)"""
     text = json.dumps({"name": "weather", "parameters": {"city": "x" * 40_000}})
-    parser = ToolCallParser("auto", NAMES)
+    parser = ToolCallParser("auto", NAMES, fmt=ANY_JSON)
     for ch in text:
         assert parser.feed(ch) == []
     [call] = parser.finish()

@@ -51,7 +51,8 @@ class ToolPlan:
             str(t["function"]["name"]): t["function"].get("parameters") for t in self.tools or ()
         }
         fmt = FORMATS[self.tool_format]
-        return ToolCallParser(self.mode, frozenset(params), self.named, self.parallel, fmt, params)
+        return ToolCallParser(self.mode, frozenset(params), self.named, self.parallel, fmt=fmt,
+                              params=params)  # fmt: skip
 
 
 def plan_tools(

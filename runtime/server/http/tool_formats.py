@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any
 
-from weft.runtime.server.http.tool_parser import INVALID, Cursor, NotACall, Scan, ToolCall, loads
+from weft.runtime.server.http.tool_text import INVALID, Cursor, NotACall, Scan, ToolCall, loads
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"  # Hermes / Qwen, anywhere in the text
 MISTRAL = "[TOOL_CALLS]"  # Mistral: a JSON array of calls follows, anywhere in the text
