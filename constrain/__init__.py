@@ -42,7 +42,8 @@ def create_grammar_backend(
     JSON semantics, both backends: object properties come in schema order; strings are raw UTF-8
     (llguidance refuses \\u escapes of printable characters). `additionalProperties` absent or
     true: llguidance allows extra properties after the declared ones (JSON Schema's default);
-    outlines-core closes every object with declared properties (true is refused there).
+    outlines refuses such open objects and untyped values, which no regex can hold
+    (outlines_schema.py: what it enforces exactly, reports or refuses).
     """
     space = token_space(tokenizer, vocab_size, stop_ids)
     whitespace = rf"[ \t\n\r]{{0,{max_json_whitespace}}}" if max_json_whitespace else ""

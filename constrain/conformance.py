@@ -17,16 +17,22 @@ A refused schema makes no wrong decision (it says so). Columns, per keyword file
 
 Modes: `lenient` (weft's default: keywords the grammar cannot enforce are left unenforced and
 the finished output is validated), `strict` (`--grammar-strictness strict`: such schemas are
-refused) and `llguidance-strict` (the library's own strict mode, without weft's rewrites).
+refused) and `llguidance-strict` (the library's own strict mode, without weft's rewrites); the
+same two of the outlines backend (`--grammar-backend outlines`): `outlines` and
+`outlines-strict`, not run by default (each schema is a DFA over the vocabulary: compiled in
+worker processes with the server's 10 s timeout, a timeout being a refusal).
 format.json is left out: it reads `format` as an annotation, and weft asserts formats
 (`--optional-format` adds optional/format/, which asserts them).
 
     python -m weft.constrain.conformance [--modes lenient,strict] [--json OUT] [--check OLD]
+    python -m weft.constrain.conformance --modes outlines,outlines-strict --optional-format \\
+        --json tests/data/constrain/conformance-outlines.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import sys
@@ -36,13 +42,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from weft.constrain.base import GrammarBackend, GrammarMatcher
+from weft.constrain.base import CompiledGrammar, GrammarBackend, GrammarMatcher
+from weft.constrain.compiler import GrammarCompiler
 from weft.constrain.errors import GrammarError
 from weft.constrain.mask import allocate_bitmask
+from weft.constrain.schema_sets import integral
 from weft.constrain.spec import GrammarSpec
 from weft.constrain.validation import check_output
 
 MODES = ("lenient", "strict", "llguidance-strict")
+OUTLINES_MODES = ("outlines", "outlines-strict")
+OUTLINES_TIMEOUT_S = 10.0  # the server's default --grammar-timeout
 COLUMNS = (
     "schemas", "accepted", "refused", "wrong_rejections", "wrong_acceptances", "respelled",
     "unflagged", "unchecked",
@@ -121,11 +131,12 @@ def run_case(
     stop_id: int,
     file: str,
     case: dict[str, Any],
+    compile: Callable[[GrammarSpec], CompiledGrammar] | None = None,
 ) -> CaseResult:
-    """Compile one case's schema with `backend` and walk its instances (see the module doc)."""
+    """Compile one case's schema (`compile`, else `backend.compile`) and walk its instances."""
     try:
         spec = GrammarSpec.json_schema(case["schema"])
-        grammar = backend.compile(spec)
+        grammar = (compile or backend.compile)(spec)
     except GrammarError as e:
         return CaseResult(file, case["description"], False, refusal=str(e))
     result = CaseResult(file, case["description"], True)
@@ -156,19 +167,9 @@ def run_case(
 def respellings(value: Any, limit: int = 64) -> Iterator[str]:
     """Other compact spellings of the same JSON value: integral floats as integers (`1.0` as
     `1`), and the objects' keys in other orders (at most `limit` spellings)."""
-    variants = itertools.islice(_orders(_integral(value)), limit)
+    variants = itertools.islice(_orders(integral(value)), limit)
     first = SPELLINGS["compact"](value)
     return (text for v in variants if (text := SPELLINGS["compact"](v)) != first)
-
-
-def _integral(value: Any) -> Any:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
-        return int(value)
-    if isinstance(value, list):
-        return [_integral(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _integral(v) for k, v in value.items()}
-    return value
 
 
 def _orders(value: Any) -> Iterator[Any]:
@@ -229,14 +230,38 @@ def run_suite(
     files: Sequence[Path], backends: dict[str, GrammarBackend], encode: Callable[[str], list[int]],
     stop_id: int,
 ) -> dict[str, list[CaseResult]]:  # fmt: skip
-    """Every case of `files` in every mode of `backends` (mode -> backend)."""
+    """Every case of `files` in every mode of `backends` (mode -> backend). An outlines backend's
+    schemas are all submitted first to a GrammarCompiler (its worker processes, the server's
+    timeout), then walked."""
     out: dict[str, list[CaseResult]] = {mode: [] for mode in backends}
-    for path in files:
-        cases = json.loads(path.read_text())
-        for mode, backend in backends.items():
-            for case in cases:
-                out[mode].append(run_case(backend, encode, stop_id, file_name(path), case))
+    suite = [(file_name(path), json.loads(path.read_text())) for path in files]
+    compilers = {
+        mode: GrammarCompiler(backend, OUTLINES_TIMEOUT_S, cache_size=1 << 16)
+        for mode, backend in backends.items()
+        if backend.name == "outlines"
+    }
+    try:
+        for compiler in compilers.values():
+            for _, cases in suite:
+                for case in cases:
+                    with contextlib.suppress(GrammarError):
+                        compiler.submit(GrammarSpec.json_schema(case["schema"]))
+        for name, cases in suite:
+            for mode, backend in backends.items():
+                compile = _waiting(compilers.get(mode))
+                for case in cases:
+                    out[mode].append(run_case(backend, encode, stop_id, name, case, compile))
+    finally:
+        for compiler in compilers.values():
+            compiler.close()
     return out
+
+
+def _waiting(compiler: GrammarCompiler | None) -> Callable[[GrammarSpec], CompiledGrammar] | None:
+    """A compile that waits for `compiler`'s result (None: none, the backend compiles in place)."""
+    if compiler is None:
+        return None
+    return lambda spec: compiler.submit(spec).result()
 
 
 def table_json(results: dict[str, list[CaseResult]]) -> dict[str, Any]:
@@ -299,11 +324,16 @@ def smollm2_tokenizer() -> Any:
 
 
 def mode_backend(mode: str, tokenizer: Any, vocab_size: int, stop_id: int) -> GrammarBackend:
-    """The llguidance backend as `mode` configures it (no mask prefetch: masks are identical)."""
+    """The backend as `mode` configures it (llguidance: no mask prefetch, masks are identical)."""
     from weft.constrain import create_grammar_backend
 
+    if mode in OUTLINES_MODES:
+        return create_grammar_backend(
+            "outlines", tokenizer, vocab_size, [stop_id], strict=mode == "outlines-strict"
+        )
     if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
+        choices = ", ".join((*MODES, *OUTLINES_MODES))
+        raise ValueError(f"unknown mode {mode!r} (choose from {choices})")
     backend = create_grammar_backend(
         "llguidance", tokenizer, vocab_size, [stop_id], strict=mode != "lenient",
         prefetch_masks=False,

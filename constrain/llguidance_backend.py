@@ -26,6 +26,7 @@ from weft.constrain.schema import (
 )
 from weft.constrain.schema_paths import integral_counts, located
 from weft.constrain.schema_refs import merged_sibling_refs
+from weft.constrain.schema_rewrites import exact_rewrites
 from weft.constrain.spec import GrammarSpec
 from weft.constrain.structural_format import format_grammar, format_texts
 from weft.constrain.structural_tag import structural_tag_format
@@ -92,7 +93,20 @@ class LLGuidanceBackend(GrammarBackend):
         return (*super().cache_key, self._json_whitespace)
 
     def compile(self, spec: GrammarSpec, timeout_s: float | None = None) -> CompiledGrammar:
-        rewritten, inexact = self._rewritten(spec)
+        rewritten, inexact = self._rewritten(spec, exact=True)
+        try:
+            return self._compiled(spec, rewritten, inexact)
+        except GrammarError:
+            # NOTE: an exact rewrite the library cannot compile: the schema as written decides
+            plain, inexact = self._rewritten(spec, exact=False)
+            if plain.spec == rewritten.spec:
+                raise
+        return self._compiled(spec, plain, inexact)
+
+    def _compiled(
+        self, spec: GrammarSpec, rewritten: GrammarSpec, inexact: list[str]
+    ) -> CompiledGrammar:
+        """`spec` compiled as `rewritten` (its schema after weft's rewrites)."""
         matcher, dropped, structure_ids = self._repaired_matcher(rewritten)
         unenforced = (
             inexact + dropped + llguidance_keywords(matcher.get_grammar_warnings())
@@ -106,15 +120,18 @@ class LLGuidanceBackend(GrammarBackend):
             raise self._refusal(spec, matcher.get_error())
         return compiled
 
-    def _rewritten(self, spec: GrammarSpec) -> tuple[GrammarSpec, list[str]]:
+    def _rewritten(self, spec: GrammarSpec, exact: bool) -> tuple[GrammarSpec, list[str]]:
         """(`spec` with weft's rewrites applied (itself if none applies), the formats its
         grammar enforces only in part: refused if strict). Recursive `$ref`s with siblings become
-        merged definitions (schema_refs.py), formats become patterns (formats.py);
-        patterns read `\\d` `\\w` `\\s` as ASCII (the library reads `\\s` as Unicode's spaces)."""
+        merged definitions (schema_refs.py), keywords the library does not enforce become ones it
+        does where that is exact (schema_rewrites.py; if `exact`), formats become patterns
+        (formats.py); patterns read `\\d` `\\w` `\\s` as ASCII (the library reads `\\s` as
+        Unicode's spaces)."""
         if spec.kind != "json_schema" or not self.rewrites:
             return spec, []
         schema = json.loads(spec.spec)
-        fixed, inexact = format_patterns(merged_sibling_refs(integral_counts(schema)))
+        fixed = merged_sibling_refs(integral_counts(schema))
+        fixed, inexact = format_patterns(exact_rewrites(fixed) if exact else fixed)
         if _SHORTHAND.search(spec.spec) and (ascii := ascii_class_patterns(fixed)) != fixed:
             fixed = ascii
         if inexact and self.strict_for(spec):

@@ -1,4 +1,4 @@
-"""outlines-core backend: JSON schema -> regex -> token `Index` (a DFA over the vocabulary)."""
+"""outlines-core backend: JSON schema (rewritten: outlines_schema.py) -> regex -> token `Index`."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ import outlines_core
 import weft.constrain._outlines_worker as worker
 from weft.constrain.base import CompiledGrammar, GrammarBackend, GrammarMatcher
 from weft.constrain.errors import STRICT_NOTE, GrammarError
+from weft.constrain.outlines_containers import ANY_VALUE
+from weft.constrain.outlines_schema import outlines_schema
 from weft.constrain.regex_text import ascii_classes
-from weft.constrain.schema import ascii_class_patterns, prepare_for_outlines
 from weft.constrain.spec import GrammarSpec
 from weft.constrain.vocab import TokenSpace, token_bytes_table
 
@@ -70,15 +71,16 @@ class OutlinesBackend(GrammarBackend):
 
     def _to_job(self, spec: GrammarSpec) -> tuple[str, str, list[str]]:
         if spec.kind == "json_schema":
-            schema, unenforced = prepare_for_outlines(json.loads(spec.spec), self.strict)
-            schema = ascii_class_patterns(schema)
-            if spec.strict and unenforced:
-                names = ", ".join(unenforced)
-                why = f"unsupported JSON schema keyword(s) for outlines: {names}{STRICT_NOTE}"
-                raise GrammarError(why, unenforced)
-            return "schema", json.dumps(schema), unenforced
+            rewritten = outlines_schema(json.loads(spec.spec))
+            unenforced = list(rewritten.unenforced)
+            if unenforced and self.strict_for(spec):
+                why = f"unsupported JSON schema keyword(s) for outlines: {rewritten.located()}"
+                raise GrammarError(
+                    why + STRICT_NOTE * (spec.strict and not self.strict), unenforced
+                )
+            return "schema", json.dumps(rewritten.schema), unenforced
         if spec.kind == "json_object":
-            return "schema", '{"type":"object"}', []
+            raise GrammarError(ANY_VALUE.format("object", ""))
         if spec.kind == "regex":
             return "regex", ascii_classes(spec.spec), []
         if spec.kind == "choices":

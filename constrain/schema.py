@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from weft.constrain.errors import GrammarError
 from weft.constrain.regex_text import ascii_classes
 
 # Keywords that never constrain an instance (ignored by every backend, never reported).
@@ -69,6 +68,23 @@ def subschemas(schema: dict[str, Any]) -> Iterator[Any]:
         yield from sub if isinstance(sub, list) else [sub]
 
 
+def map_subschemas(schema: dict[str, Any], fn: Callable[[Any], Any]) -> None:
+    """Replace each direct subschema of `schema` (as `subschemas` finds them) by `fn(it)`, in
+    place; values in those positions that are no schema (a draft-07 `dependencies` list) too."""
+    for key in _SUBSCHEMA_MAPS:
+        subs = schema.get(key)
+        if isinstance(subs, dict):
+            schema[key] = {name: fn(sub) for name, sub in subs.items()}
+    for key in _SUBSCHEMA_LISTS:
+        subs = schema.get(key)
+        if isinstance(subs, list):
+            schema[key] = [fn(sub) for sub in subs]
+    for key in _SUBSCHEMAS:
+        if key in schema:
+            sub = schema[key]
+            schema[key] = [fn(s) for s in sub] if isinstance(sub, list) else fn(sub)
+
+
 ##### Schema surgery: what a backend cannot enforce, removed from a copy (and reported) #####
 
 # llguidance's base URI for a schema without an `$id` (what its registry errors name).
@@ -94,9 +110,9 @@ def without_remote_refs(schema: dict[str, Any], uri: str) -> tuple[dict[str, Any
         if not isinstance(node, dict):
             return
         if isinstance(node.get(id_key), str):
-            base = _resolve(base, node[id_key])
+            base = resolve_document(base, node[id_key])
         ref = node.get("$ref")
-        if isinstance(ref, str) and target in (_document(ref), _resolve(base, ref)):
+        if isinstance(ref, str) and target in (_document(ref), resolve_document(base, ref)):
             del node["$ref"]
             removed += 1
         for sub in subschemas(node):
@@ -106,7 +122,7 @@ def without_remote_refs(schema: dict[str, Any], uri: str) -> tuple[dict[str, Any
     return schema, removed
 
 
-def _resolve(base: str, ref: str) -> str:
+def resolve_document(base: str, ref: str) -> str:
     """The document `ref` refers to from `base` (urljoin, which does not know llguidance's
     `json-schema:` scheme: it is resolved as `file:` is)."""
     scheme = "json-schema:"
@@ -182,167 +198,3 @@ def _leading_json_list(text: str) -> list[str]:
     if not isinstance(value, list):
         return []
     return [str(v) for v in value]
-
-
-##### outlines: audited here, since outlines-core drops unknown keywords silently #####
-
-OUTLINES_FORMATS = frozenset({"date", "date-time", "time", "email", "uuid", "uri"})
-_OUTLINES_ENFORCED = frozenset(
-    "type properties required additionalProperties items prefixItems minItems maxItems enum const "
-    "anyOf oneOf $ref $defs definitions minLength maxLength pattern format".split()
-)
-# Constraints whose removal only loosens the schema: stripped and reported (refused if strict).
-_OUTLINES_STRIPPABLE = frozenset(
-    "minimum maximum exclusiveMinimum exclusiveMaximum multipleOf uniqueItems contains minContains "
-    "maxContains dependentRequired dependentSchemas dependencies propertyNames minProperties "
-    "maxProperties unevaluatedProperties unevaluatedItems additionalItems not if then else".split()
-)
-# outlines-core's JSON string body (a pattern is matched against the raw JSON text of a string).
-_STRING_CHAR = r'(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])'
-
-
-def prepare_for_outlines(schema: Any, strict: bool) -> tuple[Any, list[str]]:
-    """(a copy of `schema` that outlines-core compiles faithfully, the keywords left unenforced).
-
-    Raises GrammarError for what outlines-core would get wrong in a way stripping cannot fix
-    (stricter than the schema: blocking valid instances) and, when `strict`, for anything stripped.
-    """
-    schema = json.loads(json.dumps(schema))  # deep copy
-    _refuse_recursion(schema)
-    unenforced: list[str] = []
-    for node in walk(schema):
-        unenforced += _prepare_node(node)
-    unenforced = list(dict.fromkeys(unenforced))
-    if strict and unenforced:
-        names = ", ".join(unenforced)
-        raise GrammarError(f"unsupported JSON schema keyword(s) for outlines: {names}", unenforced)
-    return schema, unenforced
-
-
-def _prepare_node(node: dict[str, Any]) -> list[str]:
-    stripped: list[str] = []
-    for key in list(node):
-        if key in ANNOTATIONS or key.startswith("x-"):
-            continue
-        if key in _OUTLINES_STRIPPABLE:
-            del node[key]
-            stripped.append(key)
-        elif key in ("allOf", "patternProperties", "$dynamicRef", "$recursiveRef"):
-            raise GrammarError(f"'{key}' is not supported by the outlines backend", [key])
-    fmt = node.get("format")
-    if fmt is not None and fmt not in OUTLINES_FORMATS:
-        del node["format"]
-        stripped.append(f"format:{fmt}")
-    if isinstance(node.get("items"), list):
-        raise GrammarError("array-form 'items' is not supported by the outlines backend", ["items"])
-    extra = node.get("additionalProperties")
-    if "properties" in node and extra not in (None, False):
-        raise GrammarError(
-            "the outlines backend cannot allow additionalProperties next to declared properties",
-            ["additionalProperties"],
-        )
-    items = node.get("prefixItems")
-    if isinstance(items, list) and node.get("minItems", 0) < len(items):
-        raise GrammarError(
-            "the outlines backend requires every prefixItems entry (set minItems to its length)",
-            ["prefixItems"],
-        )
-    if any(
-        set(name) & set('"\\') or not name.isprintable() for name in node.get("properties") or {}
-    ):
-        raise GrammarError("the outlines backend cannot escape this property name", ["properties"])
-    pattern = node.get("pattern")
-    if isinstance(pattern, str):
-        node["pattern"] = _anchor(pattern)
-    if "oneOf" in node and not _disjoint(node["oneOf"]):
-        node["anyOf"] = node.pop("oneOf")
-        stripped.append("oneOf")
-    return stripped
-
-
-def _anchor(pattern: str) -> str:
-    """JSON Schema patterns search; outlines-core anchors them, so pad the unanchored ends."""
-    start = pattern.startswith("^")
-    end = pattern.endswith("$") and not pattern.endswith("\\$")
-    if start and end:
-        return pattern
-    body = pattern[1 if start else 0 : len(pattern) - (1 if end else 0)]
-    head = "" if start else f"{_STRING_CHAR}*"
-    tail = "" if end else f"{_STRING_CHAR}*"
-    return f"^{head}(?:{body}){tail}$"
-
-
-def _json_types(schema: Any) -> set[str] | None:
-    """The JSON types a branch can produce, or None if unknown ('number' includes integers)."""
-    if not isinstance(schema, dict):
-        return None
-    if "const" in schema or "enum" in schema:
-        values = [schema["const"]] if "const" in schema else schema["enum"]
-        return {_type_of(v) for v in values}
-    kinds = schema.get("type")
-    if kinds is None:
-        return None
-    types = set(kinds if isinstance(kinds, list) else [kinds])
-    return {"number" if t == "integer" else t for t in types}
-
-
-def _type_of(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    return {str: "string", list: "array", dict: "object", type(None): "null"}[type(value)]
-
-
-def _discriminator(schema: Any) -> tuple[str, str] | None:
-    """(property, const JSON) for an object branch that requires a const-valued property."""
-    if not isinstance(schema, dict):
-        return None
-    for name, sub in (schema.get("properties") or {}).items():
-        if isinstance(sub, dict) and "const" in sub and name in schema.get("required", ()):
-            return name, json.dumps(sub["const"])
-    return None
-
-
-def _disjoint(branches: list[Any]) -> bool:
-    """Whether no instance can match two branches (so oneOf == anyOf), by cheap sufficient tests."""
-    types = [_json_types(b) for b in branches]
-    known = [t for t in types if t is not None]
-    if len(known) == len(types) and sum(map(len, known)) == len(set().union(*known)):
-        return True
-    tags = [_discriminator(b) for b in branches]
-    if all(tag is not None for tag in tags):
-        names = {tag[0] for tag in tags if tag is not None}
-        return len(names) == 1 and len(set(tags)) == len(tags)
-    return False
-
-
-def _refuse_recursion(schema: dict[str, Any]) -> None:
-    """outlines-core unrolls recursive $refs to a fixed depth, blocking deeper valid instances."""
-
-    def resolve(ref: str) -> Any:
-        if not ref.startswith("#"):
-            raise GrammarError(f"remote $ref {ref!r} is not supported", ["$ref"])
-        node: Any = schema
-        for part in filter(None, ref[1:].split("/")):
-            part = part.replace("~1", "/").replace("~0", "~")
-            node = node.get(part) if isinstance(node, dict) else None
-        if node is None:
-            raise GrammarError(f"$ref {ref!r} does not resolve", ["$ref"])
-        return node
-
-    done: set[str] = set()  # refs fully explored: no cycle runs through them
-
-    def visit(node: Any, stack: tuple[str, ...]) -> None:
-        for sub in walk(node):
-            ref = sub.get("$ref")
-            if not isinstance(ref, str) or ref in done:
-                continue
-            if ref in stack:
-                raise GrammarError(
-                    "recursive $ref is not supported by the outlines backend", ["$ref"]
-                )
-            visit(resolve(ref), (*stack, ref))
-            done.add(ref)
-
-    visit(schema, ())

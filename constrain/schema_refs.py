@@ -61,14 +61,7 @@ def merged_sibling_refs(schema: Any) -> Any:
     return out
 
 
-##### Internal Helper Functions #####
-
-
-def _key(node: dict[str, Any]) -> str:
-    return json.dumps(node, sort_keys=True)
-
-
-def _resolve(schema: Any, ref: Any) -> Any:
+def resolve_pointer(schema: Any, ref: Any) -> Any:
     """The subschema a local JSON-pointer `$ref` (`#`, `#/a/b`) names; None if it names none."""
     if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
         return None
@@ -82,6 +75,13 @@ def _resolve(schema: Any, ref: Any) -> Any:
         else:
             return None
     return node
+
+
+##### Internal Helper Functions #####
+
+
+def _key(node: dict[str, Any]) -> str:
+    return json.dumps(node, sort_keys=True)
 
 
 def _has_siblings(node: dict[str, Any]) -> bool:
@@ -101,7 +101,7 @@ def _circular_sibling_refs(schema: dict[str, Any]) -> set[str]:
         seen, todo = set(), [node["$ref"]]
         while todo:
             ref = todo.pop()
-            target = _resolve(schema, ref)
+            target = resolve_pointer(schema, ref)
             if ref in seen or target is None:
                 continue
             seen.add(ref)
@@ -126,7 +126,7 @@ class _Merger:
         key = _key(node)
         if key in self.names:
             return self.names[key]
-        target = _resolve(self.schema, node["$ref"])
+        target = resolve_pointer(self.schema, node["$ref"])
         siblings = {k: v for k, v in node.items() if k not in _NOT_SIBLINGS}
         merged = _merged(target, siblings)
         if merged is None or len(self.names) >= MAX_MERGED:

@@ -50,7 +50,7 @@ def check_output(schema_text: str, text: str) -> SchemaCheck:
     except (json.JSONDecodeError, ValueError, RecursionError) as e:
         return SchemaCheck(False, message=f"the output is not one JSON document: {e}")
     try:
-        validator = _validator(schema_text)
+        validator = schema_validator(schema_text)
         error = jsonschema.exceptions.best_match(validator.iter_errors(value))
     except RecursionError:
         return SchemaCheck(None, message="the schema could not be checked: it recurses too deeply")
@@ -70,7 +70,8 @@ def check_output(schema_text: str, text: str) -> SchemaCheck:
 
 
 @functools.lru_cache(maxsize=VALIDATOR_CACHE)
-def _validator(schema_text: str) -> Any:
+def schema_validator(schema_text: str) -> Any:
+    """A jsonschema validator of the schema text, its draft's format checker on."""
     schema = json.loads(schema_text)
     with warnings.catch_warnings():  # an unknown $schema: read as 2020-12 (as the grammar does)
         warnings.simplefilter("ignore", DeprecationWarning)

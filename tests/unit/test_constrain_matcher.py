@@ -191,7 +191,7 @@ def test_ebnf_on_llguidance_refused_by_outlines() -> None:
 def test_a_keyword_left_unenforced_twice_is_reported_once(name: str) -> None:
     """llguidance words a repeated warning 'Unimplemented keys: [...] (2 times)'."""
     arr = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
-    schema = {"type": "object", "properties": {"a": arr, "b": arr}}
+    schema = {"type": "object", "properties": {"a": arr, "b": arr}, "additionalProperties": False}
     assert backend(name).compile(GrammarSpec.json_schema(schema)).unenforced == ("uniqueItems",)
     with pytest.raises(GrammarError, match="uniqueItems"):
         backend(name, strict=True).compile(GrammarSpec.json_schema(schema))
@@ -211,6 +211,7 @@ def test_strict_refuses_what_lenient_reports(name: str) -> None:
         "type": "object",
         "properties": {"a": {"type": "string", "maxLength": 3}},
         "required": ["a"],
+        "additionalProperties": False,  # outlines closes objects: an open one is refused
     }
     assert backend(name, strict=True).compile(GrammarSpec.json_schema(exact)).unenforced == ()
     # per request (OpenAI strict: true) on a lenient backend: the same refusal, saying why
