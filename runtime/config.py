@@ -366,8 +366,6 @@ class EngineConfig:
                              "pool is sized before any adapter is loaded")  # fmt: skip
         if self.speculative_algorithm is not None:
             raise ValueError("LoRA adapters (lora_paths) do not run with speculative decoding yet")
-        if self.tp_size > 1:
-            raise ValueError("LoRA adapters (lora_paths) run on one rank (tp_size=1) for now")
         if self.resolved_quantization == "gguf":
             raise ValueError("LoRA adapters (lora_paths) need a full-precision or fp8 model, "
                              "not GGUF blocks kept quantized; pass dequantize=True")  # fmt: skip

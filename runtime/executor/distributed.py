@@ -75,17 +75,27 @@ class TPGroup:
         got = _INBOX_DEC.decode(self.broadcast_bytes(data))
         return Inbox(got.ready, got.failed, [decode(m) for m in got.msgs])
 
-    def broadcast_bytes(self, data: bytes | None) -> bytes:
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
+        """Rank `src` passes `data`; every rank returns it."""
         size = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
-        dist.broadcast(size, src=0, group=self.cpu_group)
-        if self.is_leader:
+        dist.broadcast(size, src=src, group=self.cpu_group)
+        if self.rank == src:
             assert data is not None
             buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         else:
             buf = torch.empty(int(size.item()), dtype=torch.uint8)
         if buf.numel():
-            dist.broadcast(buf, src=0, group=self.cpu_group)
+            dist.broadcast(buf, src=src, group=self.cpu_group)
         return buf.numpy().tobytes()
+
+    def first_error(self, error: str | None) -> tuple[int, str] | None:
+        """Agree on something each rank did on its own (e.g. read a file): None on every rank
+        if it worked on every rank, else (the lowest failing rank, its `error`) on every rank."""
+        failed = self.min_int(self.rank if error is not None else self.size)
+        if failed == self.size:
+            return None
+        data = error.encode() if self.rank == failed and error is not None else None
+        return failed, self.broadcast_bytes(data, src=failed).decode()
 
     def min_int(self, value: int) -> int:
         """The smallest of every rank's value (e.g. KV pages that fit on every GPU)."""

@@ -58,6 +58,7 @@ class LoraRuntime:
         max_rank = config.max_lora_rank or max(read_config(Path(p)).rank for p in paths.values())
         tp_size, tp_rank = (tp.size, tp.rank) if tp is not None else (1, 0)
         self.shapes, self.dtype, self.tp_size, self.tp_rank = shapes, dtype, tp_size, tp_rank
+        self.tp = tp
         self.adapters: dict[str, LoraAdapter] = {}
         self.namespaces: dict[str, int] = {}
         self.next_namespace = 1  # never reused: a reloaded name never meets its old KV
@@ -90,7 +91,9 @@ class LoraRuntime:
 
     def start_load(self, name: str, path: str, background: bool = True) -> None:
         """Begin reading adapter `path` as `name` in a worker thread (the scheduler loop goes on
-        serving); `finished_loads` registers it. ValueError at once for a name in use."""
+        serving); `finished_loads` registers it. ValueError at once for a name in use. Not in
+        the background, with tensor parallelism (every rank calls it in the same step), the
+        ranks agree: a read that failed on any rank fails on all of them."""
         if name in self.retiring:
             raise ValueError(f"LoRA adapter {name!r} is still being unloaded (requests sent "
                              "before its unload still run): load it again once they finish")  # fmt: skip
@@ -104,7 +107,9 @@ class LoraRuntime:
                 future.set_result(self._read(name, path))
             except Exception as e:  # NOTE: reported by finished_loads, as a background read's
                 future.set_exception(e)
+            future = self._agreed(name, future)
         else:
+            assert self.tp is None, "with tensor parallelism every rank reads in the same step"
             if self._reader is None:
                 self._reader = ThreadPoolExecutor(1, thread_name_prefix="lora-load")
             future = self._reader.submit(self._read, name, path)
@@ -132,6 +137,22 @@ class LoraRuntime:
     def _read(self, name: str, path: str) -> LoraAdapter:
         adapter = load_adapter(name, path, self.shapes, self.pool.max_rank, self.dtype)
         return shard_adapter(adapter, self.tp_size, self.tp_rank)
+
+    def _agreed(self, name: str, future: Future[LoraAdapter]) -> Future[LoraAdapter]:
+        """`future` (a finished read) if every tensor-parallel rank's read worked, else one
+        failed with the lowest failing rank's error (e.g. a folder only some ranks can read):
+        all ranks serve the adapter or none does."""
+        if self.tp is None:
+            return future
+        error = future.exception()
+        first = self.tp.first_error(None if error is None else describe_error(error))
+        if first is None or (error is not None and first[0] == self.tp_rank):
+            return future
+        rank, message = first
+        failed: Future[LoraAdapter] = Future()
+        failed.set_exception(ValueError(f"LoRA adapter {name!r}: tensor-parallel rank {rank} "
+                                        f"could not read it: {message}"))  # fmt: skip
+        return failed
 
     def unload(self, name: str) -> None:
         """Refuse new requests for `name` (the caller's intake) and free it once no request of
@@ -193,6 +214,13 @@ class LoraRuntime:
 
             index = lora_index(token_slots, self.pool.max_loras, default_block_m(num_tokens))
         return LoraBatch(self.pool, token_slots, index)
+
+
+def describe_error(error: BaseException) -> str:
+    """A failed read's message: the loader's own (the file and the problem), else its type too."""
+    if isinstance(error, (ValueError, OSError)):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
 
 
 def attach_sites(model: torch.nn.Module, context: LoraContext) -> None:

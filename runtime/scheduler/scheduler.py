@@ -292,7 +292,8 @@ class Scheduler:
         """Load or unload an adapter while serving (every rank alike: they all get the message).
         A refusal changes nothing: 400 for a bad adapter, 404 for an unknown name. A load is
         read off the loop (None now; `lora_replies` answers once it is read), except with
-        tensor parallelism, where every rank must serve it from the same step."""
+        tensor parallelism, where every rank reads it now and serves it from this step, or
+        none does (LoraRuntime.start_load: the ranks agree on the read)."""
         lora = self.runner.lora
         if lora is None:
             return LoraOut(False, "this server was started without LoRA: start it with "

@@ -19,22 +19,23 @@ ADAPTERS = {  # name -> peft LoraConfig fields (random A and B: init_lora_weight
 }  # fmt: skip
 
 
-def llama_config() -> Any:
+def llama_config(kv_heads: int = 2) -> Any:
+    """4 heads over `kv_heads` kv heads, MLP width 96: both split over 2 or 4 ranks."""
     import transformers
 
     return transformers.LlamaConfig(
         vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=256,
         eos_token_id=2, bos_token_id=1, tie_word_embeddings=False,
         architectures=["LlamaForCausalLM"],
     )  # fmt: skip
 
 
-def base_model() -> Any:
+def base_model(kv_heads: int = 2) -> Any:
     import transformers
 
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(llama_config()).eval()
+    return transformers.LlamaForCausalLM(llama_config(kv_heads)).eval()
 
 
 def greedy(model: Any, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
@@ -45,13 +46,14 @@ def greedy(model: Any, prompt: list[int], new_tokens: int = NEW_TOKENS) -> list[
     return ids[len(prompt) :]
 
 
-def save_adapter(folder: Path, spec: dict[str, Any], seed: int) -> Any:
+def save_adapter(folder: Path, spec: dict[str, Any], seed: int, kv_heads: int = 2) -> Any:
     """A random PEFT adapter of `spec` saved into `folder` (B scaled up, so that it changes the
     greedy outputs); returns the base model with it merged."""
     import peft
 
     torch.manual_seed(seed)
-    wrapped = peft.get_peft_model(base_model(), peft.LoraConfig(init_lora_weights=False, **spec))
+    config = peft.LoraConfig(init_lora_weights=False, **spec)
+    wrapped = peft.get_peft_model(base_model(kv_heads), config)
     with torch.no_grad():
         for module in wrapped.modules():
             if hasattr(module, "lora_B") and "default" in getattr(module, "lora_B", {}):
@@ -61,10 +63,10 @@ def save_adapter(folder: Path, spec: dict[str, Any], seed: int) -> Any:
 
 
 def build_lora_setup(
-    root: Path, adapters: dict[str, dict[str, Any]] = ADAPTERS
+    root: Path, adapters: dict[str, dict[str, Any]] = ADAPTERS, kv_heads: int = 2
 ) -> tuple[Path, dict[str, Path], dict[tuple[str | None, int], list[int]]]:
     """(base model folder, adapter name -> folder, (adapter or None, prompt index) -> HF tokens)."""
-    base = base_model()
+    base = base_model(kv_heads)
     base.save_pretrained(root / "base", safe_serialization=True)
     expected: dict[tuple[str | None, int], list[int]] = {
         (None, i): greedy(base, p) for i, p in enumerate(PROMPTS)
@@ -72,6 +74,6 @@ def build_lora_setup(
     folders = {}
     for seed, (name, spec) in enumerate(adapters.items(), start=1):
         folders[name] = root / name
-        merged = save_adapter(folders[name], spec, seed)
+        merged = save_adapter(folders[name], spec, seed, kv_heads)
         expected.update({(name, i): greedy(merged, p) for i, p in enumerate(PROMPTS)})
     return root / "base", folders, expected
