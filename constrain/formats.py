@@ -17,6 +17,8 @@ They follow the RFCs as the JSON-Schema-Test-Suite's optional/format files read 
 - `ipv4`: dotted quad without leading zeros (Python's `ipaddress`); `ipv6`: RFC 4291 text forms,
   an IPv4 tail included (no zone id).
 - `uri`, `uri-reference`: RFC 3986 exactly; `uuid`: 8-4-4-4-12 hex digits, either case.
+- `json-pointer`: RFC 6901 (`/` segments, `~` only as `~0` / `~1`); `relative-json-pointer`: a
+  non-negative integer without leading zeros, then `#` or a JSON pointer.
 
 `regex` (ECMA-262 syntax: balanced groups) is not regular and stays unenforced (refused if strict).
 """
@@ -135,6 +137,11 @@ _URI_REFERENCE = f"(?:{_URI}|{_RELATIVE}{_QUERY}{_FRAGMENT})"
 
 _UUID = f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
 
+##### JSON pointers (RFC 6901; relative: draft-handrews-relative-json-pointer-01) #####
+
+_JSON_POINTER = "(?:/(?:[^~/]|~[01])*)*"
+_RELATIVE_JSON_POINTER = f"(?:0|[1-9]{_D}*)(?:#|{_JSON_POINTER})"
+
 # format name -> a regex of the whole string
 FORMAT_REGEXES: dict[str, str] = {
     "date": _DATE,
@@ -148,6 +155,8 @@ FORMAT_REGEXES: dict[str, str] = {
     "uri": _URI,
     "uri-reference": _URI_REFERENCE,
     "uuid": _UUID,
+    "json-pointer": _JSON_POINTER,
+    "relative-json-pointer": _RELATIVE_JSON_POINTER,
 }
 # formats whose regex admits strings the format rejects: only the output validation decides
 # (refused in strict mode)

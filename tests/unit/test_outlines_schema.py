@@ -101,6 +101,8 @@ def test_format_bodies_match_weft_formats(name: str) -> None:
         "uri": ["http://a/b?c#d", "a:b", "/relative", "a b:c"],
         "uri-reference": ["/relative", "#frag", "a b"],
         "uuid": ["12345678-1234-1234-1234-123456789abc", "12345678-1234-1234-1234-123456789ab"],
+        "json-pointer": ["", "/a~0b/~1/", "/a~2", "a", '/"x"', "/a\\b"],
+        "relative-json-pointer": ["0", "12/a", "0#", "01/a", "+1", "1#/a"],
     }[name]
     body = re.compile(format_body(name) or "")
     for s in samples:
