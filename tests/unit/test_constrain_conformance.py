@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 import pytest
-from test_constrain_support import DATA, STOP, VOCAB, tokenizer
+from test_constrain_support import DATA, suite_results
 
 from weft.constrain import conformance
 from weft.constrain.conformance import CaseResult
@@ -33,14 +33,7 @@ pytestmark = pytest.mark.skipif(
 
 @functools.cache
 def results() -> dict[str, list[CaseResult]]:
-    backends = {m: conformance.mode_backend(m, tokenizer(), VOCAB, STOP) for m in conformance.MODES}
-    files = conformance.suite_files(conformance.DEFAULT_SUITE, optional_format=True)
-    return conformance.run_suite(files, backends, _encode, STOP)
-
-
-def _encode(text: str) -> list[int]:
-    ids: list[int] = tokenizer().encode(text, add_special_tokens=False)
-    return ids
+    return suite_results(conformance.MODES)
 
 
 def table() -> dict[str, Any]:

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 import pytest
-from test_constrain_support import DATA, STOP, VOCAB, tokenizer
+from test_constrain_support import DATA, suite_results
 
 from weft.constrain import conformance
 from weft.constrain.conformance import CaseResult
@@ -30,19 +30,7 @@ pytestmark = pytest.mark.skipif(
 
 @functools.cache
 def results() -> dict[str, list[CaseResult]]:
-    modes = conformance.OUTLINES_MODES
-    backends = {m: conformance.mode_backend(m, tokenizer(), VOCAB, STOP) for m in modes}
-    files = conformance.suite_files(conformance.DEFAULT_SUITE, optional_format=True)
-    try:
-        return conformance.run_suite(files, backends, _encode, STOP)
-    finally:
-        for backend in backends.values():
-            backend.close()
-
-
-def _encode(text: str) -> list[int]:
-    ids: list[int] = tokenizer().encode(text, add_special_tokens=False)
-    return ids
+    return suite_results(conformance.OUTLINES_MODES)
 
 
 @functools.cache

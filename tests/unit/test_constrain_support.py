@@ -146,3 +146,17 @@ def strip_keywords(schema: Any, keywords: tuple[str, ...]) -> Any:
         else:
             out[key] = strip_keywords(value, keywords)
     return out
+
+
+def suite_results(modes: tuple[str, ...]) -> dict[str, list[Any]]:
+    """conformance.run_suite of `modes` on the whole suite copy, optional/format included, with
+    SmolLM2's tokenizer (the backends closed after)."""
+    from weft.constrain import conformance
+
+    backends = {m: conformance.mode_backend(m, tokenizer(), VOCAB, STOP) for m in modes}
+    files = conformance.suite_files(conformance.DEFAULT_SUITE, optional_format=True)
+    try:
+        return conformance.run_suite(files, backends, encode, STOP)
+    finally:
+        for b in backends.values():
+            b.close()
