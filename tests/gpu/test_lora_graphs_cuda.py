@@ -48,6 +48,7 @@ def save_adapter(folder: Path, rank: int, targets: list[str], seed: int) -> Path
 
 def run(model: Path, adapters: dict[str, Path], graphs: bool) -> tuple[dict[str, list[int]], Any]:
     config = EngineConfig(model=str(model), skip_tokenizer_init=True, max_running_requests=8,
+                          max_total_tokens=8192,
                           lora_paths=tuple(f"{n}={p}" for n, p in adapters.items()),
                           disable_cuda_graph=not graphs)  # fmt: skip
     sched = Scheduler(config, model, None)

@@ -161,8 +161,8 @@ def test_triton_backend_on_a_hybrid_pool_replays_in_a_cuda_graph() -> None:
     page, window, windows = 16, 512, [512, 512, None]
     lens = [700, 1519, 31, 2048]  # after the first step (1519: a page leaves at the second)
     bsz, pad = len(lens), 8
-    alloc = SWAPageAllocator(400, 200, page, window, DEV)
-    pool = HybridKVPool(400 * page, 200 * page, [w is not None for w in windows], KV_HEADS, DIM,
+    alloc = SWAPageAllocator(400, 300, page, window, DEV)  # (271 pages held before the window)
+    pool = HybridKVPool(400 * page, 300 * page, [w is not None for w in windows], KV_HEADS, DIM,
                         torch.bfloat16, DEV, alloc)  # fmt: skip
     host = torch.zeros(8, 4096, dtype=torch.int64)
     rows = [3, 1, 5, 2]
