@@ -8,6 +8,8 @@ where a step's time goes.
     python benchmarks/step.py scheduler [--num-prompts 256]   # host vs model time per step
     python benchmarks/step.py decode --config benchmarks/configs/qwen2.5-coder-1.5b \
         --batches 1 32 --variant "bf16:" --variant "gguf q4_k_m:quantization=gguf"
+    python benchmarks/step.py decode --batches 1 64 --variant "base:" \
+        --variant "lora x8:enable_lora=true,max_lora_rank=16,max_loras_per_batch=8"
 
 Dummy bf16 weights of a real config (default benchmarks/configs/llama-3.1-8b), initialised on the
 GPU (`quantization=gguf` as a variant: random GGUF blocks in llama.cpp's Q4_K_M layout, kept
@@ -17,7 +19,10 @@ batch size with --context tokens of KV per request, timed two ways: waiting for 
 work included) and pipelined, step after step as overlap scheduling runs them (the host work of
 one step hidden behind the GPU's: the figure BENCHMARKS.md reports). Its roofline is the bytes
 the step must read, (weights + the batch's KV) / the device-to-device copy bandwidth measured in
-the same run; the input embedding counts only the batch's rows. `prefill`: 1 × 1024 and 32 × 1024
+the same run; the input embedding counts only the batch's rows. A variant with `enable_lora`
+fills its LoRA pool with max_loras_per_batch random adapters of max_lora_rank on every projection
+and spreads each batch over all of them (request i under adapter i mod n): a mixed-adapter
+batch, beside the base model's step (which is also the merged adapter's: merging adds no work). `prefill`: 1 × 1024 and 32 × 1024
 tokens, TFLOP/s at 2 FLOP per weight per token. CUDA events, medians after warm-up. On a machine
 without CUDA (`--backends torch`, a tiny --config) both run as a smoke test against the CPU's copy.
 """
@@ -50,6 +55,7 @@ from weft.runtime.config import EngineConfig
 from weft.runtime.executor.batch import Batch, ForwardMode
 from weft.runtime.executor.model_runner import ModelRunner
 from weft.runtime.loader import read_hf_config
+from weft.runtime.lora import FUSED, LoraAdapter, LoraWeights
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "benchmarks/configs/llama-3.1-8b"
@@ -106,6 +112,43 @@ def pipelined(runner: ModelRunner, batch: Batch, reps: int) -> float:
         prev.resolve()
         times.append(watch.stop() / reps)
     return statistics.median(times)
+
+
+##### LoRA: random adapters, a mixed batch #####
+
+
+def random_adapters(runner: ModelRunner) -> list[str]:
+    """A LoRA runner's pool filled: max_loras_per_batch random adapters of max_lora_rank on
+    every projection (made on the device, as dummy weights are), resident and pinned; their
+    names ([] without LoRA)."""
+    lora = runner.lora
+    if lora is None:
+        return []
+    pool, names = lora.pool, []
+    shapes, rank = pool.shapes, pool.max_rank
+    dtype = pool.a["o_proj"].dtype
+    gen = torch.Generator(device=pool.device).manual_seed(0)
+
+    def small(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=pool.device, dtype=dtype) * 0.01
+
+    for k in range(pool.max_loras):
+        layers = tuple({fused: LoraWeights(small(len(parts) * rank, shapes.in_dim(fused)),
+                                           small(shapes.out_dim(fused), rank))
+                        for fused, parts in FUSED.items()}
+                       for _ in range(shapes.num_layers))  # fmt: skip
+        name = f"random-{k}"
+        lora.register(LoraAdapter(name, "(random)", rank, 2.0, shapes, layers))
+        lora.acquire(name)
+        names.append(name)
+    return names
+
+
+def spread_adapters(batch: Batch, names: list[str]) -> Batch:
+    """Request i of `batch` under adapter i mod len(names): every adapter in the batch."""
+    for i, req in enumerate(batch.reqs):
+        req.lora_path = names[i % len(names)] if names else None
+    return batch
 
 
 ##### Runners #####
@@ -168,12 +211,15 @@ def run_decode(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any
                 params, embed, row, tied = weight_sizes(runner)
                 kv = runner.pool.bytes_per_slot(hf.num_hidden_layers, runner.pool.num_kv_heads,
                                                 runner.pool.head_dim, runner.pool.k[0].dtype)  # fmt: skip
+                adapters = random_adapters(runner)
                 for b in args.batches:
-                    batch = decode_batch(runner, b, args.context, hf.vocab_size)
+                    batch = spread_adapters(decode_batch(runner, b, args.context, hf.vocab_size),
+                                            adapters)  # fmt: skip
                     t, t_pipe = timed(runner, batch, args.reps), pipelined(runner, batch, args.reps)
                     weights = step_weight_bytes(params, embed, row, b, tied)
                     roof = decode_roofline_s(weights, kv, b, args.context, bandwidth)
-                    rows.append(report({"backend": label, "batch": b, "context": args.context,
+                    rows.append(report({"backend": label, "attention": backend, "batch": b,
+                                        "context": args.context, "adapters": len(adapters),
                                         "weights_MiB": params / 2**20,
                                         "ms": t * 1e3, "pipelined_ms": t_pipe * 1e3,
                                         "roofline_ms": roof * 1e3, "x_roofline": t_pipe / roof}))  # fmt: skip
@@ -213,13 +259,19 @@ def report(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def decode_table(rows: list[dict[str, Any]]) -> str:
-    """Markdown: one row per backend (and variant) and batch, pipelined ms against the roofline."""
+    """Markdown: one row per backend (and variant) and batch, pipelined ms against the roofline
+    and against the first variant's step (same attention backend and batch)."""
     head = ["backend", "batch × context", "pipelined ms", "waited ms", "roofline ms", "× roofline",
-            "weights MiB"]  # fmt: skip
+            "× first variant", "weights MiB"]  # fmt: skip
+    ok = [r for r in rows if "error" not in r]
+    first: dict[tuple[str, int], float] = {}
+    for r in ok:
+        first.setdefault((r["attention"], r["batch"]), r["pipelined_ms"])
     body = [[r["backend"], f"{r['batch']} × {r['context']}", f"{r['pipelined_ms']:.3f}",
              f"{r['ms']:.3f}", f"{r['roofline_ms']:.3f}", f"{r['x_roofline']:.3f}",
-             f"{r['weights_MiB']:.1f}"] for r in rows if "error" not in r]  # fmt: skip
-    body += [[r["backend"], "-", r["error"], "", "", "", ""] for r in rows if "error" in r]
+             f"{r['pipelined_ms'] / first[r['attention'], r['batch']]:.3f}",
+             f"{r['weights_MiB']:.1f}"] for r in ok]  # fmt: skip
+    body += [[r["backend"], "-", r["error"], "", "", "", "", ""] for r in rows if "error" in r]
     return markdown_table(head, body)
 
 

@@ -128,11 +128,17 @@ class LoraRuntime:
             except Exception as e:
                 out.append((name, e))
                 continue
-            self.adapters[name] = adapter
-            self.namespaces[name] = self.next_namespace * NAMESPACE_STRIDE
-            self.next_namespace += 1
+            self.register(adapter)
             out.append((name, None))
         return out
+
+    def register(self, adapter: LoraAdapter) -> None:
+        """Serve `adapter` (read and checked already, e.g. by a load) under its name, with a
+        prefix-cache namespace of its own."""
+        assert adapter.name not in self.adapters, f"{adapter.name!r} is served already"
+        self.adapters[adapter.name] = adapter
+        self.namespaces[adapter.name] = self.next_namespace * NAMESPACE_STRIDE
+        self.next_namespace += 1
 
     def _read(self, name: str, path: str) -> LoraAdapter:
         adapter = load_adapter(name, path, self.shapes, self.pool.max_rank, self.dtype)

@@ -85,3 +85,28 @@ def test_decode_on_cpu_writes_rows_and_a_table(
     assert all(r["roofline_ms"] > 0 and r["x_roofline"] > 0 for r in rows)
     assert rows[1]["roofline_ms"] > rows[0]["roofline_ms"]  # more KV and embedding rows
     assert "| torch | 3 × 20 |" in capsys.readouterr().out
+
+
+def test_lora_variant_runs_a_mixed_adapter_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench_utils.write_config(tmp_path, hidden_size=32, intermediate_size=64, head_dim=8)
+    lora = "lora x3:enable_lora=true,max_lora_rank=4,max_loras_per_batch=3"
+    argv = ["decode", "--config", str(tmp_path), "--backends", "torch", "--batches", "4",
+            "--context", "12", "--reps", "2", "--variant", "base:", "--variant", lora]  # fmt: skip
+    assert step.main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| torch base | 4 × 12 |" in table and "| torch lora x3 | 4 × 12 |" in table
+    # the adapters the variant made, each resident, and the batch spread over all of them
+    args = step.parse_args(argv)
+    kwargs = step.merge_kwargs(step.engine_kwargs("torch", args, max_total_tokens=256,
+                                                  context_length=64), step.variants(args)[1][1])  # fmt: skip
+    runner = step.build_runner(kwargs)
+    names = step.random_adapters(runner)
+    assert names == ["random-0", "random-1", "random-2"]
+    batch = step.spread_adapters(step_profile.decode_batch(runner, 4, 12, 128), names)
+    assert [r.lora_path for r in batch.reqs] == [*names, names[0]]
+    assert runner.lora is not None and runner.lora.pool.pinned() == dict.fromkeys(names, 1)
+    state = runner.lora.forward_state(batch, 4)
+    assert state is not None and sorted(set(state.token_slots.tolist())) == [0, 1, 2]
+    assert step.random_adapters(step.build_runner(step.engine_kwargs("torch", args))) == []
