@@ -20,7 +20,9 @@ They follow the RFCs as the JSON-Schema-Test-Suite's optional/format files read 
 - `json-pointer`: RFC 6901 (`/` segments, `~` only as `~0` / `~1`); `relative-json-pointer`: a
   non-negative integer without leading zeros, then `#` or a JSON pointer.
 
-`regex` (ECMA-262 syntax: balanced groups) is not regular and stays unenforced (refused if strict).
+- `regex`: ECMA-262 pattern syntax with the `u` flag, groups nested up to REGEX_MAX_DEPTH (balanced
+  groups are not regular: the bound makes them so); back-references, range order and quantified
+  assertions are left to the validation (format_checks.py), so it is inexact (refused if strict).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 
 import idna
 
+from weft.constrain.format_checks import ecma262_error
 from weft.constrain.schema import walk
 
 _D = "[0-9]"
@@ -137,6 +140,35 @@ _URI_REFERENCE = f"(?:{_URI}|{_RELATIVE}{_QUERY}{_FRAGMENT})"
 
 _UUID = f"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
 
+##### ECMA-262 regular expressions (u-mode syntax; format_checks.py parses them exactly) #####
+
+REGEX_MAX_DEPTH = 6  # groups nested deeper than this: a valid regex the grammar cannot write
+_RE_SYNTAX = "\\^$\\\\.*+?()\\[\\]{}|"  # ^ $ \ . * + ? ( ) [ ] { } |, escaped for a class
+_RE_NAME = "[A-Za-z_$][A-Za-z0-9_$]*"
+_RE_CHAR_ESCAPE = (  # after the backslash: CharacterEscape
+    f"(?:[fnrtv0]|c[A-Za-z]|x{_HEX}{{2}}|u{_HEX}{{4}}|u\\{{{_HEX}+\\}}|[{_RE_SYNTAX}/])"
+)
+_RE_CLASS_ESCAPE = "(?:[dDsSwW]|[pP]\\{[A-Za-z0-9_]+(?:=[A-Za-z0-9_]+)?\\})"
+_RE_CLASS = f"\\[\\^?(?:[^\\\\\\]]|\\\\(?:[b\\-]|{_RE_CHAR_ESCAPE}|{_RE_CLASS_ESCAPE}))*\\]"
+_RE_ATOM = (
+    f"(?:[^{_RE_SYNTAX}]|\\.|{_RE_CLASS}|\\\\(?:{_RE_CHAR_ESCAPE}|{_RE_CLASS_ESCAPE}"
+    f"|[bB]|[1-9]{_D}*|k<{_RE_NAME}>))"
+)
+_RE_QUANTIFIER = f"(?:[*+?]|\\{{{_D}+(?:,{_D}*)?\\}})\\??"
+_RE_GROUP_OPEN = f"\\((?:\\?(?::|<{_RE_NAME}>|<?[=!]|[ims]+(?:-[ims]*)?:|-[ims]+:))?"
+
+
+def _regex_syntax(depth: int) -> str:
+    """ECMA-262 pattern syntax with groups nested up to `depth` (a Disjunction: terms and `|`
+    in any order, empty alternatives being valid). What no regex can say (a back-reference to
+    a group that exists, ranges in order, quantified assertions) the output validation checks
+    (format_checks.ecma262_error)."""
+    inner = "" if depth == 0 else f"|{_RE_GROUP_OPEN}{_regex_syntax(depth - 1)}\\)"
+    return f"(?:(?:{_RE_ATOM}{inner})(?:{_RE_QUANTIFIER})?|[$^|])*"
+
+
+_REGEX = _regex_syntax(REGEX_MAX_DEPTH)
+
 ##### JSON pointers (RFC 6901; relative: draft-handrews-relative-json-pointer-01) #####
 
 _JSON_POINTER = "(?:/(?:[^~/]|~[01])*)*"
@@ -157,10 +189,15 @@ FORMAT_REGEXES: dict[str, str] = {
     "uuid": _UUID,
     "json-pointer": _JSON_POINTER,
     "relative-json-pointer": _RELATIVE_JSON_POINTER,
+    "regex": _REGEX,
 }
 # formats whose regex admits strings the format rejects: only the output validation decides
 # (refused in strict mode)
-INEXACT_FORMATS = {"hostname": "A-labels (xn--) must be valid Punycode under IDNA's rules"}
+INEXACT_FORMATS = {
+    "hostname": "A-labels (xn--) must be valid Punycode under IDNA's rules",
+    "regex": "back-references must name groups that exist, ranges must be in order, and groups "
+    f"may nest only {REGEX_MAX_DEPTH} deep",
+}
 
 
 ##### Public API #####
@@ -176,6 +213,8 @@ def format_pattern(name: str) -> str | None:
 def conforms(name: str, text: str) -> bool:
     """Whether `text` is a valid `name` (one of FORMAT_REGEXES): the regex, and for hostnames,
     IDNA's checks of every A-label."""
+    if name == "regex":  # exactly (the grammar's regex bounds the nesting of groups)
+        return ecma262_error(text) is None
     if _compiled(name).fullmatch(text) is None:
         return False
     if name == "hostname" and len(text) > HOSTNAME_MAX_LENGTH:

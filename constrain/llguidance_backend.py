@@ -19,8 +19,8 @@ from weft.constrain.llguidance_matcher import LLGuidanceMatcher
 from weft.constrain.llguidance_prefetch import MaskWorker
 from weft.constrain.regex_text import ascii_classes, lark_ascii_classes
 from weft.constrain.schema import (
-    ascii_class_patterns,
     llguidance_keywords,
+    string_patterns,
     without_patterns,
     without_remote_refs,
 )
@@ -45,7 +45,6 @@ PARSER_LIMITS: dict[str, Any] = {
 }
 MAX_REPAIRS = 8  # compile rounds that each drop what one library error was about
 _REMOTE = re.compile(r"Resource '([^']*)' is not present in a registry")
-_SHORTHAND = re.compile(r"\\\\[dDwWsS]")  # `\d` in a schema's JSON text (where it is `\\d`)
 _Repair = tuple[dict[str, Any], list[str]]  # a repaired schema, the keywords it no longer enforces
 
 
@@ -126,14 +125,13 @@ class LLGuidanceBackend(GrammarBackend):
         merged definitions (schema_refs.py), keywords the library does not enforce become ones it
         does where that is exact (schema_rewrites.py; if `exact`), formats become patterns
         (formats.py); patterns read `\\d` `\\w` `\\s` as ASCII (the library reads `\\s` as
-        Unicode's spaces)."""
+        Unicode's spaces) and negated classes keep a quote out (schema.string_patterns)."""
         if spec.kind != "json_schema" or not self.rewrites:
             return spec, []
         schema = json.loads(spec.spec)
         fixed = merged_sibling_refs(integral_counts(schema))
         fixed, inexact = format_patterns(exact_rewrites(fixed) if exact else fixed)
-        if _SHORTHAND.search(spec.spec) and (ascii := ascii_class_patterns(fixed)) != fixed:
-            fixed = ascii
+        fixed = string_patterns(fixed)
         if inexact and self.strict_for(spec):
             why = ", ".join(f"{k} ({INEXACT_FORMATS[k[len('format:') :]]})" for k in inexact)
             where = located(schema, inexact).partition(" ")[2]

@@ -9,12 +9,15 @@ the scan does not understand is left to the backend, which refuses it with its o
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 _QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
 _LARK_REPEAT = re.compile(r"~\s*(\d+)(\s*\.\.\s*(\d+))?")
 _SHORTHAND = re.compile(r"\\[dDwWsS]")
+# a quote or a backslash in a class: itself, escaped, or as a hex / Unicode escape
+_QUOTE_OR_BACKSLASH = re.compile(r'"|\\\\|\\(?:x|u00|[xu]\{0*)(?:22|5[cC])')
 # NOTE: the members of Python's ASCII `\d` `\w` `\s`, as the body of a Rust regex class; `\s` is
 # spelled in hex escapes so that a verbose-mode `(?x)` pattern cannot drop its space.
 ASCII_CLASSES = {
@@ -83,6 +86,37 @@ def ascii_classes(pattern: str) -> str:
         else:  # NOTE: `[\w-z]` is \w, `-`, z: a bare `0-9_` would make `_-z` a range
             out.append(f"[{body}]")
     return "".join(out)
+
+
+def json_string_classes(pattern: str) -> str:
+    """`pattern` for a JSON string's content in llguidance (1.9): a negated class that leaves
+    out `"` or `\\` also leaves out U+001F. A class holding every control character (U+0000 to
+    U+001F; `\\n` aside) lets the library write any JSON escape, `\\"` and `\\\\` included, so
+    `[^"]*` would let a quote through; with one more control left out the class is quoted
+    exactly (U+001F, the unit separator, is then the one character such a string loses)."""
+    if "[^" not in pattern:
+        return pattern
+    out = []
+    for kind, text in _regex_tokens(pattern):
+        if kind == "atom" and text.startswith("[^") and text.endswith("]") and _leaks(text):
+            text = f"{text[:-1]}\\x1f]"
+        out.append(text)
+    return "".join(out)
+
+
+def _leaks(negated: str) -> bool:
+    """Whether the negated class `negated` leaves out `"` or `\\` and holds every control
+    character but perhaps `\\n` (read by Python's `re`; one it cannot read: whether it names a
+    quote or a backslash)."""
+    try:
+        with warnings.catch_warnings():  # a nested class (Rust syntax) warns in Python
+            warnings.simplefilter("ignore")
+            rx = re.compile(negated)
+    except re.error:
+        return _QUOTE_OR_BACKSLASH.search(negated[2:-1]) is not None
+    if rx.fullmatch('"') and rx.fullmatch("\\"):
+        return False
+    return all(rx.fullmatch(chr(c)) for c in range(0x20) if c != 0x0A)
 
 
 def lark_regexes(grammar: str) -> Iterator[tuple[int, int]]:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from weft.constrain.regex_text import ascii_classes
+from weft.constrain.regex_text import ascii_classes, json_string_classes
 
 # Keywords that never constrain an instance (ignored by every backend, never reported).
 ANNOTATIONS = frozenset(
@@ -152,16 +152,31 @@ def without_patterns(
     return schema, list(dict.fromkeys(dropped))
 
 
-def ascii_class_patterns(schema: Any) -> Any:
-    """A copy of `schema` with `\\d` `\\w` `\\s` (and negations) read as Python's ASCII classes in
-    every regex (`pattern`, `patternProperties` keys): regex_text.ascii_classes."""
+def string_patterns(schema: Any) -> Any:
+    """`schema` with every regex (`pattern`, `patternProperties` keys) as llguidance must read
+    it: `\\d` `\\w` `\\s` (and negations) as Python's ASCII classes (regex_text.ascii_classes),
+    negated classes quoted exactly in a JSON string (regex_text.json_string_classes). A copy if
+    any changes, else `schema` itself."""
+
+    def fixed(pattern: str) -> str:
+        return ascii_classes(json_string_classes(pattern))
+
+    def changes(node: dict[str, Any]) -> bool:
+        pattern, props = node.get("pattern"), node.get("patternProperties")
+        keys = props if isinstance(props, dict) else {}
+        return (isinstance(pattern, str) and fixed(pattern) != pattern) or any(
+            fixed(k) != k for k in keys
+        )
+
+    if not any(changes(node) for node in walk(schema)):
+        return schema
     schema = copy.deepcopy(schema)
     for node in walk(schema):
         if isinstance(node.get("pattern"), str):
-            node["pattern"] = ascii_classes(node["pattern"])
+            node["pattern"] = fixed(node["pattern"])
         props = node.get("patternProperties")
         if isinstance(props, dict):
-            node["patternProperties"] = {ascii_classes(k): v for k, v in props.items()}
+            node["patternProperties"] = {fixed(k): v for k, v in props.items()}
     return schema
 
 

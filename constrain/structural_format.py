@@ -22,6 +22,7 @@ from typing import Any
 
 from weft.constrain.errors import GrammarError
 from weft.constrain.regex_text import ascii_classes, lark_ascii_classes
+from weft.constrain.schema import string_patterns
 from weft.constrain.structural_check import children, tag_ends
 
 ANY = r"(.|\n)*"
@@ -158,6 +159,7 @@ class _Builder:
             schema = {} if schema is True else schema
             if schema is False:
                 raise GrammarError("structural_tag json_schema false allows no value")
+            schema = string_patterns(schema)  # patterns read as at the top level
             return self.rule("%json " + json.dumps({**schema, "x-guidance": self.json_options}))
         if kind == "regex":
             return self.rule("/" + _slashes_escaped(ascii_classes(node["pattern"])) + "/")

@@ -1,6 +1,7 @@
 """`\\d` `\\w` `\\s` (and `\\D` `\\W` `\\S`) read as Python's `re.ASCII` classes in regex specs and in
-JSON-schema patterns (regex_text.ascii_classes): the rewritten text, then random patterns and
-strings walked through the llguidance grammar and held to Python's `re` with `re.ASCII`."""
+JSON-schema patterns (regex_text.ascii_classes), and negated classes quoted exactly in a JSON
+string (regex_text.json_string_classes): the rewritten text, then random patterns and strings
+walked through the llguidance grammar and held to Python's `re` with `re.ASCII`."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from hypothesis import strategies as st
 from test_constrain_support import backend, encode, walk
 
 from weft.constrain import GrammarSpec
-from weft.constrain.regex_text import ascii_classes, lark_ascii_classes
-from weft.constrain.schema import ascii_class_patterns
+from weft.constrain.regex_text import ascii_classes, json_string_classes, lark_ascii_classes
+from weft.constrain.schema import string_patterns
 
 W, S = "A-Za-z0-9_", "\\x09-\\x0D\\x20"
 
@@ -47,7 +48,7 @@ def test_ascii_classes_text(pattern: str, expected: str) -> None:
 def test_lark_and_schema_patterns() -> None:
     assert lark_ascii_classes('start: "\\\\w" /\\w+\\s/') == f'start: "\\\\w" /[{W}]+[{S}]/'
     schema = {"properties": {"a": {"pattern": r"^\S+$"}}, "patternProperties": {r"^\w$": {}}}
-    assert ascii_class_patterns(schema) == {
+    assert string_patterns(schema) == {
         "properties": {"a": {"pattern": f"^[^{S}]+$"}},
         "patternProperties": {f"^[{W}]$": {}},
     }
@@ -57,7 +58,8 @@ def test_lark_and_schema_patterns() -> None:
 # characters, and the Unicode letters, digits and spaces that the Unicode classes would add.
 ATOMS = [r"\d", r"\D", r"\w", r"\W", r"\s", r"\S", "a", "_", "-", " ", r"\\", "."]
 ATOMS += [r"[\w-]", r"[^\s]", r"[\S_]", r"[^\W]", r"[\d\s]", r"[^\w\s]", r"\\w", r"[a\W]"]
-CHARS = "aZ9_- \t\n\x0b\x0c\r\\w.é٣\u00a0\u2028\u3000ſK"
+ATOMS += ['[^"]', r"[^\\]", '[^"\n]', '"']  # classes a JSON string must quote exactly
+CHARS = 'aZ9_- \t\n\x0b\x0c\r\\w.é٣\u00a0\u2028\u3000ſK"'
 
 pieces = st.lists(
     st.tuples(st.sampled_from(ATOMS), st.sampled_from(["", "", "*", "+", "?"])),
@@ -120,3 +122,37 @@ def test_ascii_meaning_in_both_paths(pattern: str, text: str, matches: bool) -> 
     grammar = backend("llguidance").compile(GrammarSpec.json_schema(schema))
     got = walk(grammar.matcher(), encode(json.dumps(text, ensure_ascii=False))).accepted
     assert got == matches
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ('^[^"]*$', '^[^"\\x1f]*$'),
+        ("[^\\\\]", "[^\\\\\\x1f]"),
+        ('[^"\\n]', '[^"\\n\\x1f]'),
+        ("[^\\x22a]", "[^\\x22a\\x1f]"),
+        ("[^!-#]", "[^!-#\\x1f]"),  # a range over the quote
+        ('[^"\\t]', '[^"\\t]'),  # a control left out already: quoted exactly
+        ("[^a]", "[^a]"),
+        ('["]', '["]'),
+        ("plain", "plain"),
+    ],
+)
+def test_json_string_classes(pattern: str, expected: str) -> None:
+    assert json_string_classes(pattern) == expected
+
+
+@pytest.mark.parametrize("pattern", ['^[^"]*$', "^[^\\\\]*$", '^[^"\\n]*$', "^[^!-#]+$"])
+def test_negated_classes_never_let_a_quote_or_backslash_through(pattern: str) -> None:
+    """llguidance alone writes `\\"` / `\\\\` for these classes (any JSON escape); weft's rewrite
+    keeps the value out, at the top level and inside a structural tag's JSON schema."""
+    schema = {"type": "string", "pattern": pattern}
+    tag = {"type": "structural_tag",
+           "format": {"type": "json_schema", "json_schema": schema}}  # fmt: skip
+    for spec in (GrammarSpec.json_schema(schema), GrammarSpec.structural_tag(json.dumps(tag))):
+        grammar = backend("llguidance").compile(spec)
+        for text in ['a"b', "a\\b"]:
+            expected = re.fullmatch(pattern, text) is not None
+            got = walk(grammar.matcher(), encode(json.dumps(text))).accepted
+            assert got == expected, (pattern, text, spec.kind)
+        assert walk(grammar.matcher(), encode(json.dumps("ab"))).accepted

@@ -16,7 +16,13 @@ from hypothesis import strategies as st
 from test_constrain_support import STOP, backend, tokenizer
 
 from weft.constrain import CompiledGrammar, GrammarError, GrammarSpec, conformance
-from weft.constrain.formats import FORMAT_REGEXES, conforms, format_pattern, format_patterns
+from weft.constrain.formats import (
+    FORMAT_REGEXES,
+    REGEX_MAX_DEPTH,
+    conforms,
+    format_pattern,
+    format_patterns,
+)
 
 SUITE = conformance.DEFAULT_SUITE / "draft2020-12" / "optional" / "format"
 EXAMPLES = settings(max_examples=300, deadline=None)
@@ -191,3 +197,16 @@ def test_strict_refuses_hostname_and_lenient_reports_it() -> None:
     assert "format:hostname" in grammar.unenforced
     assert _produces(grammar, '{"h": "example.com"}')
     assert not _produces(grammar, '{"h": "-example.com"}')
+
+
+def test_regex_format_is_ecma262_syntax_up_to_its_nesting_bound() -> None:
+    schema = {"type": "string", "format": "regex"}
+    for valid in ["(?<n>a)\\k<n>", "[^]", "^([abc])+\\s+$", "\\p{L}|x(?i:y)", "a{2,3}?"]:
+        assert _grammar_produces(schema, valid), valid
+    for invalid in ["(?P<n>a)", "(?i)a", "(?#c)", "\\a", "a**", "{", "^(abc]"]:
+        assert not _grammar_produces(schema, invalid), invalid
+    deep = "(" * REGEX_MAX_DEPTH + "a" + ")" * REGEX_MAX_DEPTH
+    assert _grammar_produces(schema, deep) and not _grammar_produces(schema, f"({deep})")
+    assert conforms("regex", f"({deep})")  # the validation has no bound
+    with pytest.raises(GrammarError, match=r"format:regex \(back-references"):
+        backend("llguidance").compile(GrammarSpec.json_schema(schema, strict=True))
