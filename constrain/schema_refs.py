@@ -7,8 +7,17 @@ siblings' keywords are disjoint and no keyword reads a sibling on the other side
 added: a new `$defs` entry. Its own inner `$ref`s with siblings are merged the same way (the same
 X and siblings give the same entry), so a recursive schema stays recursive, exactly.
 
-A case outside this (keywords on both sides, `unevaluated*`, `$id`, dynamic refs) is left as
-written: the library refuses it with its own message, as before.
+Keywords on both sides merge where that is exact too: `type` (the types both allow), `required`
+(both lists), `properties` (a name on both sides gets both schemas, under `allOf`) where neither
+side has `additionalProperties` or `patternProperties`.
+
+An `anyOf` / `oneOf` of plain `$ref`s with sibling keywords (`{"type": "object", "anyOf": [{"$ref":
+A}, {"$ref": B}]}`), which the library refuses the same way where a branch recurses, is first
+rewritten with the siblings in each branch (`{"anyOf": [{"$ref": A, "type": "object"}, ...]}`:
+S and one of the B_i is one of (S and B_i), for anyOf and oneOf alike), then merged as above.
+
+A case outside this (other keywords on both sides, `unevaluated*`, `$id`, dynamic refs) is left
+as written: the library refuses it with its own message, as before.
 """
 
 from __future__ import annotations
@@ -30,6 +39,9 @@ _GROUPS = [
 ]
 _ANNOTATIONS = frozenset("$comment title description examples default deprecated".split())
 _NOT_SIBLINGS = _ANNOTATIONS | {"$ref", "$defs", "definitions"}
+# what stays on a node whose siblings go into its anyOf / oneOf branches
+_KEPT = _NOT_SIBLINGS | {"anyOf", "oneOf", "$schema", "id"}
+_OBJECT_OPEN = {"additionalProperties", "patternProperties"}  # read `properties`
 _NOT_MERGED = frozenset(
     "unevaluatedProperties unevaluatedItems $id $anchor $dynamicRef $dynamicAnchor "
     "$recursiveRef $recursiveAnchor $ref".split()
@@ -45,9 +57,10 @@ def merged_sibling_refs(schema: Any) -> Any:
         return schema
     if any("$id" in node for node in walk(schema) if node is not schema):
         return schema
+    original, schema = schema, _distributed(schema)
     circular = _circular_sibling_refs(schema)
     if not circular:
-        return schema
+        return original
     merger = _Merger(schema, circular)
     out = copy.deepcopy(schema)
     for node in walk(out):
@@ -56,7 +69,7 @@ def merged_sibling_refs(schema: Any) -> Any:
             node.clear()
             node["$ref"] = f"#/$defs/{name}"
     if merger.failed or not merger.defs:
-        return schema
+        return original
     out["$defs"] = {**out.get("$defs", {}), **merger.defs}
     return out
 
@@ -82,6 +95,31 @@ def resolve_pointer(schema: Any, ref: Any) -> Any:
 
 def _key(node: dict[str, Any]) -> str:
     return json.dumps(node, sort_keys=True)
+
+
+def _distributed(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `schema` where each `anyOf` / `oneOf` of plain `$ref`s that has sibling
+    keywords holds them in each branch instead; `schema` itself if none has."""
+    if not any(_distributable(node) for node in walk(schema)):
+        return schema
+    out = copy.deepcopy(schema)
+    for node in list(walk(out)):
+        if _distributable(node):
+            (key,) = {"anyOf", "oneOf"} & set(node)
+            siblings = {k: node.pop(k) for k in list(node) if k not in _KEPT}
+            node[key] = [{**branch, **copy.deepcopy(siblings)} for branch in node[key]]
+    return out
+
+
+def _distributable(node: dict[str, Any]) -> bool:
+    keys = {"anyOf", "oneOf"} & set(node)
+    if len(keys) != 1 or _NOT_MERGED & set(node):
+        return False
+    branches = node[next(iter(keys))]
+    plain = isinstance(branches, list) and all(
+        isinstance(b, dict) and "$ref" in b and not _has_siblings(b) for b in branches
+    )
+    return plain and any(k not in _KEPT for k in node)
 
 
 def _has_siblings(node: dict[str, Any]) -> bool:
@@ -150,17 +188,48 @@ def _merged(target: Any, siblings: dict[str, Any]) -> Any:
         return copy.deepcopy(siblings)
     if not isinstance(target, dict) or _NOT_MERGED & (set(target) | set(siblings)):
         return None
-    own = {k: v for k, v in target.items() if k not in ("$defs", "definitions", "$schema")}
-    both = set(own) & set(siblings) - _ANNOTATIONS - {"required"}
-    if both:
+    own = {k: v for k, v in target.items() if k not in ("$defs", "definitions", "$schema", "id")}
+    both = set(own) & set(siblings) - _ANNOTATIONS
+    open_object = _OBJECT_OPEN & (set(own) | set(siblings))
+    if both - {"required", "type", "properties"} or ("properties" in both and open_object):
         return None
     for group in _GROUPS:
-        if group & set(own) and group & set(siblings):
+        if group & set(own) and group & set(siblings) and group & both != {"properties"}:
             return None
     merged = copy.deepcopy(own)
     for key, value in siblings.items():
-        if key == "required" and isinstance(merged.get(key), list) and isinstance(value, list):
-            merged[key] = list(dict.fromkeys([*merged[key], *value]))
-        elif key not in merged:
-            merged[key] = copy.deepcopy(value)
+        if key not in merged or key in _ANNOTATIONS:
+            merged.setdefault(key, copy.deepcopy(value))
+            continue
+        joined = _joined(key, merged[key], value)
+        if joined is None:
+            return None
+        merged[key] = joined
     return merged
+
+
+def _joined(key: str, mine: Any, theirs: Any) -> Any:
+    """Keyword `key` of both schemas as one value that means both; None where it can't."""
+    if key == "required" and isinstance(mine, list) and isinstance(theirs, list):
+        return list(dict.fromkeys([*mine, *theirs]))
+    if key == "properties" and isinstance(mine, dict) and isinstance(theirs, dict):
+        out = copy.deepcopy(mine)
+        for name, sub in theirs.items():
+            out[name] = {"allOf": [out[name], copy.deepcopy(sub)]} if name in out else sub
+        return out
+    if key == "type":
+        a, b = _types(mine), _types(theirs)
+        if a is None or b is None:
+            return None
+        both = [t for t in a if t in b or (t == "integer" and "number" in b)]
+        both += [t for t in b if t == "integer" and "number" in a and t not in both]
+        return (both[0] if len(both) == 1 else both) if both else None
+    return None
+
+
+def _types(value: Any) -> list[str] | None:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(t, str) for t in value):
+        return list(value)
+    return None

@@ -86,7 +86,7 @@ def test_merged_definitions_name_each_target_and_siblings_once() -> None:
 @pytest.mark.parametrize(
     "siblings",
     [
-        {"type": "object"},  # a keyword on both sides
+        {"type": "string"},  # a keyword on both sides that shares nothing
         {"additionalProperties": False},  # reads the target's `properties`
         {"unevaluatedProperties": False},
     ],
@@ -106,3 +106,102 @@ def test_schemas_without_them_are_untouched() -> None:
     assert merged_sibling_refs(top) is top
     assert merged_sibling_refs({"type": "string"}) == {"type": "string"}
     assert merged_sibling_refs(plain) is not plain  # NODE's own sibling ref is merged
+
+
+# an anyOf of refs with a sibling `type` (JSONSchemaBench Github_medium o72177's shape) and a
+# root's properties beside a oneOf of refs that recurse to the root (o75099's shape)
+SPEC = {"type": "object", "anyOf": [{"$ref": "#/definitions/pair"}, {"$ref": "#/definitions/leaf"}]}
+TRANSFORMS = {
+    "type": "object",
+    "anyOf": [{"$ref": "#/definitions/pair"}, {"$ref": "#/definitions/leaf"}],
+    "definitions": {
+        "spec": SPEC,
+        "pair": {
+            "type": "object",
+            "properties": {
+                "a": {"$ref": "#/definitions/spec"},
+                "b": {"$ref": "#/definitions/spec"},
+            },
+            "required": ["a", "b"],
+        },  # fmt: skip
+        "leaf": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}},
+            "required": ["name"],
+            "additionalProperties": False,
+        },  # fmt: skip
+    },
+}
+GEOMETRY = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": {"type": "string"}, "crs": {"type": "integer"}},
+    "oneOf": [{"$ref": "#/definitions/collection"}, {"$ref": "#/definitions/point"}],
+    "definitions": {
+        "collection": {
+            "required": ["geometries"],
+            "properties": {
+                "type": {"enum": ["GeometryCollection"]},
+                "geometries": {"type": "array", "items": {"$ref": "#"}},
+            },
+        },  # fmt: skip
+        "point": {
+            "required": ["coordinates"],
+            "properties": {
+                "type": {"enum": ["Point"]},
+                "coordinates": {"type": "array", "items": {"type": "number"}},
+            },
+        },  # fmt: skip
+    },
+}
+SHAPE_DOCS = [
+    {"name": "x"},
+    {"a": {"name": "x"}, "b": {"a": {"name": "y"}, "b": {"name": "z"}}},
+    {"a": {"name": "x"}},
+    {"a": {"name": 1}, "b": {"name": "z"}},
+    {"name": "x", "extra": 1},
+    {"type": "Point", "coordinates": [1, 2]},
+    {"type": "GeometryCollection", "geometries": [{"type": "Point", "coordinates": []}]},
+    {"type": "GeometryCollection", "geometries": [{"type": "Line", "coordinates": []}]},
+    {"type": "Point", "coordinates": [1], "crs": 2},
+    {"type": "Point", "coordinates": [1], "crs": "x"},
+    {"type": "Point"},
+]
+
+
+@pytest.mark.parametrize(
+    ("schema", "strict"), [(TRANSFORMS, True), (GEOMETRY, False)], ids=["anyOf+type", "oneOf+root"]
+)
+def test_ref_branches_with_siblings_compile_exactly(schema: Any, strict: bool) -> None:
+    """(oneOf's exclusivity is no grammar's: lenient, reported, and no document here is valid
+    under two branches)"""
+    error = llguidance.LLMatcher.validate_grammar(
+        json.dumps({"grammars": [{"json_schema": schema}]})
+    )
+    assert "circular references with sibling keys" in error  # the library alone
+    grammar = backend("llguidance", strict=strict).compile(GrammarSpec.json_schema(schema))
+    assert set(grammar.unenforced) <= ({"oneOf"} if not strict else set())
+    validator = jsonschema.Draft202012Validator(schema)
+    valid = 0
+    for doc in SHAPE_DOCS:
+        expected = validator.is_valid(doc)
+        for text in (json.dumps(doc), json.dumps(doc, separators=(",", ":"))):
+            assert walk(grammar.matcher(), encode(text)).accepted == expected, (doc, text)
+        valid += expected
+    assert valid >= 2
+
+
+@pytest.mark.parametrize(
+    ("mine", "theirs", "joined"),
+    [
+        ("object", "object", "object"),
+        (["string", "null"], "string", "string"),
+        ("number", "integer", "integer"),
+        (["integer", "string"], ["number", "null"], "integer"),
+        ("string", "object", None),
+    ],
+)
+def test_types_join(mine: Any, theirs: Any, joined: Any) -> None:
+    from weft.constrain.schema_refs import _joined
+
+    assert _joined("type", mine, theirs) == joined
