@@ -19,6 +19,9 @@ fixed with ignore_eos.
                per-request output lengths: time per output token and the overhead.
   ablations    one workload on the default engine and on variants: CUDA graphs off, Triton vs
                FlashInfer (both eager), any --variant.
+  lora         one workload on the base model (the merged adapter's speed too), then with each
+               --lora-adapters count of random rank --lora-rank adapters (PEFT folders written
+               here), request i under adapter i mod n: mixed-adapter batches. Not in `all`.
   all          every engine mode above, scaled to fit --budget-s (printed); one engine per
                configuration.
 Each engine mode measures the copy bandwidth (the memory ceiling) and ends with markdown tables;
@@ -204,6 +207,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opt(abl, "--ablation-backends", ["triton", "flashinfer"], "eager backends", nargs="*")
     opt(abl, "--variant", [], "another engine, e.g. 'lpm:schedule_policy=lpm'", action="append",
         metavar="NAME:KEY=VALUE,...")  # fmt: skip
+    lo = ap.add_argument_group("lora")
+    opt(lo, "--lora-prompts", 256, "requests (of --input-len / --output-len)", type=int)
+    opt(lo, "--lora-adapters", [1, 8, 32], "adapters mixed in a run, a run each", type=int,
+        nargs="+")  # fmt: skip
+    opt(lo, "--lora-rank", 16, "their rank (every projection)", type=int)
     args = ap.parse_args(argv)
     args.engine_arg = parse_kv(args.engine_arg)
     args.scaled = []
@@ -251,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scaled down for the all mode: {line}", flush=True)
     with tempfile.TemporaryDirectory(prefix="weft-bench-") as tmp:
         folder, meta["tokenizer"] = model_folder(args.model, Path(tmp))
-        args.folder = str(folder)
+        args.folder, args.tmp = str(folder), tmp
         plan = build_plan(args, device, json.loads((folder / "config.json").read_text()))
         args.hf = args.hf and args.mode in ("offline", "all")
         runner = Runner(args, plan, meta)

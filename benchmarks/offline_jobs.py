@@ -36,6 +36,7 @@ class Workload:
     name: str
     input_ids: list[list[int]]
     params: list[dict[str, Any]]
+    lora_paths: list[str | None] | None = None  # each request's LoRA adapter (None: the base)
 
     @property
     def num_prompts(self) -> int:
@@ -59,7 +60,13 @@ class Workload:
             p if max_new_tokens is None else {**p, "max_new_tokens": max_new_tokens}
             for p in self.params[:n]
         ]
-        return replace(self, input_ids=self.input_ids[:n], params=params)
+        loras = None if self.lora_paths is None else self.lora_paths[:n]
+        return replace(self, input_ids=self.input_ids[:n], params=params, lora_paths=loras)
+
+    def with_adapters(self, names: list[str]) -> Workload:
+        """The same requests, request i under adapter names[i mod len(names)]: mixed batches."""
+        loras: list[str | None] = [names[i % len(names)] for i in range(self.num_prompts)]
+        return replace(self, name=f"{self.name}, {len(names)} adapters", lora_paths=loras)
 
 
 def greedy(output_len: int) -> dict[str, Any]:
@@ -151,7 +158,7 @@ def timed_generate(
     """Warm up on two of the requests, flush the cache, then time the whole workload in one call.
     At `deadline` (time.monotonic) every request still running is aborted and the run marked."""
     warm = work.head(2, max_new_tokens=min(4, work.params[0]["max_new_tokens"]))
-    engine.generate(None, warm.params, input_ids=warm.input_ids)
+    engine.generate(None, warm.params, input_ids=warm.input_ids, lora_path=warm.lora_paths)
     _flush(engine)
     timer = threading.Timer(
         max(0.0, deadline - time.monotonic()), engine.abort, (), {"abort_all": True}
@@ -161,7 +168,8 @@ def timed_generate(
     timer.start()
     start = time.perf_counter()
     try:
-        outs = engine.generate(None, work.params, input_ids=work.input_ids)
+        outs = engine.generate(None, work.params, input_ids=work.input_ids,
+                               lora_path=work.lora_paths)  # fmt: skip
     finally:
         timer.cancel()
     end = time.perf_counter()

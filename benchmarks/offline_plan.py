@@ -6,6 +6,7 @@ import argparse
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bench_utils import merge_kwargs, parse_kv
@@ -22,7 +23,7 @@ from offline_jobs import (
 # chat and programs run the packaged model on CPU; the others build engines on --model (dummy
 # weights), `all` runs every engine mode
 ENGINE_MODES = ("offline", "prefix", "constrained", "ablations")
-MODES = ("chat", "programs", *ENGINE_MODES, "all")
+MODES = ("chat", "programs", *ENGINE_MODES, "lora", "all")
 Job = Callable[[Any, float, str], list[RunResult]]  # (engine, hard deadline, engine label)
 
 
@@ -67,9 +68,11 @@ class Plan:
         k.pop("disable_cuda_graph")
         for name, text in k.items():
             value = json.loads(text)
-            if base.get(name) == text:
+            if base.get(name) == text or (name == "max_loras_per_batch" and "lora_paths" in k):
                 continue
-            if isinstance(value, dict):  # tuning: the fields that differ, as tuning.gemv=off
+            if name == "lora_paths":  # (its folders say nothing; max_loras_per_batch: the count)
+                parts.append(f"{len(value)} LoRA adapters")
+            elif isinstance(value, dict):  # tuning: the fields that differ, as tuning.gemv=off
                 was = json.loads(base[name]) if name in base else {}
                 parts += [f"{name}.{f}={x}" for f, x in value.items() if was.get(f) != x]
             else:
@@ -141,6 +144,8 @@ def build_plan(args: argparse.Namespace, device: str, model: dict[str, Any]) -> 
         )
     if "ablations" in modes:
         add_ablations(plan, args, vocab)
+    if "lora" in modes:
+        add_lora(plan, args, model, vocab)
     plan.set_context_length(model.get("max_position_embeddings"))
     return plan
 
@@ -167,6 +172,22 @@ def add_ablations(plan: Plan, args: argparse.Namespace, vocab: int) -> None:
             continue
         name = f"ablation:{plan.label(merge_kwargs(plan.base, over))}"
         plan.add_workload(over, work, "ablations", name)
+
+
+def add_lora(plan: Plan, args: argparse.Namespace, model: dict[str, Any], vocab: int) -> None:
+    """The lora workload on the base engine (also the merged adapter's speed: merging adds no
+    work), then mixed over each --lora-adapters count of random rank --lora-rank adapters."""
+    from offline_lora import adapter_folders
+
+    work = fixed_workload(
+        "lora", args.lora_prompts, args.input_len, args.output_len, vocab, args.seed + 5
+    )
+    plan.add_workload({}, work, "lora", "lora:base")
+    for n in args.lora_adapters:
+        entries = adapter_folders(model, args.lora_rank, n, Path(args.tmp) / "lora")
+        over = {"lora_paths": entries, "max_loras_per_batch": n, "max_lora_rank": args.lora_rank}
+        mixed = work.with_adapters([e.partition("=")[0] for e in entries])
+        plan.add_workload(over, mixed, "lora", f"lora:{n}")
 
 
 def ablation_variants(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:

@@ -46,6 +46,12 @@ def headline(results: list[RunResult]) -> list[list[str]]:
             over = 100 * (decode[0] / con.output_tokens) / (decode[1] / free.output_tokens) - 100
             rows.append(["JSON schema vs unconstrained, decode steps' time per output token",
                          f"{over:+.1f}% ({decode[0]:.3f} vs {decode[1]:.3f} s)", "≤ +3%"])  # fmt: skip
+    for run in results:
+        if run.key.startswith("lora:") and run.key != "lora:base":
+            if (r := ratio(run.key, "lora:base")) is not None:
+                n = run.key.partition(":")[2]
+                rows.append([f"LoRA, {n} adapters mixed / base model, output tok/s", f"{r:.3f}",
+                             "≥ 1 / 1.15 at 8 adapters"])  # fmt: skip
     base = by.get("ablation:base")
     for run in results:
         if run.key.startswith("ablation:") and run.key != "ablation:base" and base:

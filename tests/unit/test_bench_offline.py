@@ -217,3 +217,37 @@ def test_every_mode_tiny_on_cpu(tiny_config: Path, tmp_path: Path, monkeypatch) 
     for text in (report["date"], "GB/s", report["command"], "weft / HF", "radix cache on / off"):
         assert text in md
     assert "JSON schema vs unconstrained" in md and "| engine | start s |" in md
+
+
+def test_lora_mode_tiny_on_cpu(tiny_config: Path, tmp_path: Path, monkeypatch) -> None:
+    """The lora mode: the base model, then 1 and 3 random adapters mixed in one workload (PEFT
+    folders written for the config, the copies hard links), each engine's output counted."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "out.json"
+    argv = ["lora", "--model", str(tiny_config), "--lora-prompts", "5", "--input-len", "8",
+            "--output-len", "4", "--lora-adapters", "1", "3", "--lora-rank", "4",
+            "--output-file", str(out)]  # fmt: skip
+    assert bo.main(argv) == 0
+    report = json.loads(out.read_text())
+    runs = {r["key"]: r for r in report["results"]}
+    assert set(runs) == {"lora:base", "lora:1", "lora:3"}
+    for run in runs.values():
+        assert run["error"] is None and run["output_tokens"] == 5 * 4, run
+    assert runs["lora:3"]["label"] == "lora, 3 adapters"
+    assert runs["lora:3"]["engine"] == "torch, 3 LoRA adapters, max_lora_rank=4"
+    assert "LoRA, 3 adapters mixed / base model" in report["markdown"]
+
+
+def test_adapter_folders_load_as_weft_reads_them(tmp_path: Path) -> None:
+    import offline_lora
+
+    from weft.runtime.lora import LoraShapes, load_adapter
+
+    entries = offline_lora.adapter_folders(TINY_CONFIG, 4, 2, tmp_path)
+    assert [e.partition("=")[0] for e in entries] == ["lora0", "lora1"]
+    shapes = LoraShapes.from_hf_config(offline_lora._Config(TINY_CONFIG))
+    for entry in entries:
+        adapter = load_adapter("x", entry.partition("=")[2], shapes, 4)
+        assert adapter.rank == 4 and all(len(layer) == 4 for layer in adapter.layers)
+    first, second = (tmp_path / f"lora{i}" / "adapter_model.safetensors" for i in (0, 1))
+    assert first.stat().st_ino == second.stat().st_ino  # a hard link, not a second write
