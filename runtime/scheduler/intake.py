@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 200
 GRAMMAR_POLL_MS = 2  # while grammars compile, look for finished ones this often
 # messages read per loop pass, in bytes (at least one message): a large generate call arrives
-# in parts (tokenizer_manager.BATCH_PART_TOKENS), and the parts not read yet wait in the socket
+# in parts (request_parts.BATCH_PART_TOKENS), and the parts not read yet wait in the socket
 # while the steps launched run, instead of all being decoded before the first step
 RECV_BYTES = 1 << 20
 

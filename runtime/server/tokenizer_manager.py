@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import time
@@ -11,14 +10,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import msgspec
 import zmq
 import zmq.asyncio
 
 from weft.constrain.validation import check_output
 from weft.runtime.ipc.messages import (
     AbortReq,
-    BatchGenerateReq,
     BatchStrOut,
     FlushCacheOut,
     FlushCacheReq,
@@ -37,15 +34,11 @@ from weft.runtime.loader.model_info import ModelInfo
 from weft.runtime.server.generate_input import GenerateInput, PromptSpec, no_tokenizer
 from weft.runtime.server.limits import RequestLimits, check_text_fits, max_chars_per_token
 from weft.runtime.server.output import ReqState, build_output, schema_to_check
+from weft.runtime.server.request_parts import aborted, encode_parts, prefill_only, sample_j
 
 logger = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.5
-# NOTE: a generate call's requests go to the scheduler in parts of about this many prompt tokens
-# (16 prefill steps' worth at the default budget). The scheduler starts the first step once the
-# first part is decoded and admitted, and takes the rest while the device runs: 1,024 prompts of
-# 2,176 tokens in one message took ~0.5 s to decode and admit on the 2-core VM before anything ran.
-BATCH_PART_TOKENS = 1 << 17
 # NOTE: tokenization, chat templates and logprob token texts run on these threads, never on the
 # event loop: a 10M-character prompt takes seconds to tokenize (the Rust part releases the GIL).
 TOKENIZER_THREADS = 4
@@ -130,15 +123,15 @@ class TokenizerManager:
         n = specs[0].params.n
         if n > 1:  # prefill each prompt once so the n samples share it through the radix cache
             warm = [
-                (_prefill_only(s), p, f"{s.rid}-prefill") for s, p in zip(specs, ids, strict=True)
+                (prefill_only(s), p, f"{s.rid}-prefill") for s, p in zip(specs, ids, strict=True)
             ]
             warmed = await self.collect(self._submit(warm))
-            aborted = any(_aborted(out) for out in warmed)
+            aborted = any(aborted(out) for out in warmed)
             if aborted and self.closing is not None:  # the shutdown's abort came first
                 raise RuntimeDown(self.closing)
         outputs = [
             (
-                spec if n == 1 else _sample_j(spec, j),
+                spec if n == 1 else sample_j(spec, j),
                 prompt,
                 spec.rid if n == 1 else f"{spec.rid}-{j}",
             )
@@ -211,7 +204,7 @@ class TokenizerManager:
 
     def _submit(self, outputs: list[tuple[PromptSpec, list[int], str]]) -> list[ReqState]:
         """Register the outputs (spec, prompt ids, rid) of one call and send them together, so the
-        scheduler admits them together (in parts of BATCH_PART_TOKENS prompt tokens: see there);
+        scheduler admits them together (in parts: request_parts.BATCH_PART_TOKENS);
         all or none (a rid already running refuses all). The rids of one call are distinct
         (GenerateInput checks; samples add "-j")."""
         taken = [rid for _, _, rid in outputs if rid in self.states]
@@ -387,50 +380,3 @@ class TokenizerManager:
         self._raise_if_down()
         if self.closing is not None:
             raise RuntimeDown(self.closing)
-
-
-def _aborted(out: dict[str, Any]) -> bool:
-    reason = out["meta_info"].get("finish_reason")
-    return isinstance(reason, dict) and reason.get("type") == "abort"
-
-
-def _prefill_only(spec: PromptSpec) -> PromptSpec:
-    params = dataclasses.replace(spec.params, max_new_tokens=0, min_new_tokens=0, n=1)
-    return dataclasses.replace(spec, params=params, return_logprob=False, stream=False)
-
-
-def _sample_j(spec: PromptSpec, j: int) -> PromptSpec:
-    """Sample j of n: its own seed (seed + j) so the n samples differ but stay reproducible."""
-    seed = spec.params.sampling_seed
-    params = dataclasses.replace(spec.params, n=1, sampling_seed=None if seed is None else seed + j)
-    return dataclasses.replace(spec, params=params)
-
-
-def encode_parts(msgs: list[TokenizedGenerateReq]) -> list[bytes]:
-    """The requests as messages in parts of BATCH_PART_TOKENS, all encoded before any is sent or
-    registered; ValueError when the codec refuses a value (one no check caught: a request must
-    not be left half sent, its rid held by a state no reply will ever end)."""
-    try:
-        return [
-            encode(part[0] if len(part) == 1 else BatchGenerateReq(part))
-            for part in batch_parts(msgs, BATCH_PART_TOKENS)
-        ]
-    except (OverflowError, UnicodeEncodeError, msgspec.EncodeError) as e:
-        raise ValueError(
-            f"the request has a value that cannot be sent to the scheduler: {e}"
-        ) from e
-
-
-def batch_parts(
-    msgs: list[TokenizedGenerateReq], part_tokens: int
-) -> list[list[TokenizedGenerateReq]]:
-    """The requests in order, cut after each run that reaches `part_tokens` prompt tokens."""
-    parts: list[list[TokenizedGenerateReq]] = [[]]
-    tokens = 0
-    for msg in msgs:
-        if tokens >= part_tokens:
-            parts.append([])
-            tokens = 0
-        parts[-1].append(msg)
-        tokens += len(msg.input_ids)
-    return parts

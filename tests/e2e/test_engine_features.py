@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import weft
-from weft.runtime.server import tokenizer_manager
+from weft.runtime.server import request_parts
 from weft.runtime.server.tokenizer_manager import RuntimeDown
 
 WORLD = 905  # " world"
@@ -313,7 +313,7 @@ def test_a_batch_in_parts_gives_the_outputs_of_one_message(
     prompts = [[20 + i, 30 + i, 40 + i, 50 + i] for i in range(24)]
     params = {"max_new_tokens": 3, "ignore_eos": True, "temperature": 0}
     whole = engine.generate(input_ids=prompts, sampling_params=params)
-    monkeypatch.setattr(tokenizer_manager, "BATCH_PART_TOKENS", 10)  # parts of 3 prompts
+    monkeypatch.setattr(request_parts, "BATCH_PART_TOKENS", 10)  # parts of 3 prompts
     parts = engine.generate(input_ids=prompts, sampling_params=params)
     assert [o["output_ids"] for o in parts] == [o["output_ids"] for o in whole]
 

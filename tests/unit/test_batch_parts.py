@@ -13,9 +13,10 @@ from weft.runtime.ipc.channel import Channel
 from weft.runtime.ipc.messages import BatchGenerateReq, Message, TokenizedGenerateReq
 from weft.runtime.loader.model_info import ModelInfo
 from weft.runtime.sampling_params import SamplingParams
-from weft.runtime.server import tokenizer_manager as tm_mod
+from weft.runtime.server import request_parts as tm_mod
 from weft.runtime.server.generate_input import GenerateInput
-from weft.runtime.server.tokenizer_manager import TokenizerManager, batch_parts
+from weft.runtime.server.request_parts import batch_parts
+from weft.runtime.server.tokenizer_manager import TokenizerManager
 
 
 def req(rid: str, n: int) -> TokenizedGenerateReq:

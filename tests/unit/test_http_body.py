@@ -10,7 +10,7 @@ import pytest
 from weft.runtime.ipc.messages import TokenizedGenerateReq
 from weft.runtime.sampling_params import SamplingParams
 from weft.runtime.server.http.body import MAX_JSON_DEPTH, check_json_value, parse_json_body
-from weft.runtime.server.tokenizer_manager import encode_parts
+from weft.runtime.server.request_parts import encode_parts
 from weft.runtime.text_checks import check_text, lone_surrogate
 
 
