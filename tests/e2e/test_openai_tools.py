@@ -244,3 +244,24 @@ def test_qwen3_coder_calls_whole_and_streamed(coder_server: Any) -> None:
     with pytest.raises(openai.BadRequestError, match="not enforceable with the qwen3_coder") as e:
         client.chat.completions.create(**{**COMMON, "model": "tiny", "tools": strict})
     assert e.value.body["param"] == "tools"  # type: ignore[index]
+
+
+def test_call_arguments_are_validated_against_their_function(coder_server: Any) -> None:
+    """Each parsed call's arguments are checked against its function's parameters (whole and
+    streamed): an unconstrained call that breaks them says so (schema_valid false, the path)."""
+    client = openai.OpenAI(base_url=f"{coder_server.url}/v1", api_key="unused", max_retries=0)
+    long_city = CODER_CALL.replace("París", "Llanfairpwllgwyngyll")  # past maxLength 12
+    text = f"{CODER_CALL}\n{long_city}"
+    forced = {"type": "const_string", "value": text}
+    kw: Any = {"model": "tiny", "tools": TOOLS, "max_tokens": 128,
+               "response_format": {"type": "structural_tag", "format": forced}}  # fmt: skip
+    good, bad = client.chat.completions.create(**{**COMMON, **kw}).choices[0].message.tool_calls
+    assert good.model_extra == {"schema_valid": True}
+    assert bad.model_extra["schema_valid"] is False
+    assert bad.model_extra["schema_error"]["path"] == "/city"
+    extras = []
+    for chunk in client.chat.completions.create(**{**COMMON, **kw}, stream=True):
+        for tc in chunk.choices[0].delta.tool_calls or []:
+            extras.append(tc.model_extra)
+    assert [e["schema_valid"] for e in extras] == [True, False]
+    assert extras[1]["schema_error"] == bad.model_extra["schema_error"]

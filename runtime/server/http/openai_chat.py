@@ -39,6 +39,7 @@ from weft.runtime.server.http.responses import held_stream, openai_stream, unenf
 from weft.runtime.server.http.state import AppState
 from weft.runtime.server.http.tool_calls import (
     ToolPlan,
+    check_arguments,
     finish_reason,
     markers_are_special,
     resolve_tool_format,
@@ -144,11 +145,14 @@ async def chat_completions(request: Request) -> Response:
         parser = plan.parser()
         content, calls = split_output(parser, text) if parser else (text, [])
         reason = finish_reason(reason, bool(calls))
+        tool_calls = [c.openai() for c in calls]
+        if tool_calls:
+            await state.manager.run_blocking(check_arguments, plan, tool_calls)
         message = {
             "role": "assistant",
             "content": content,
             "reasoning_content": reasoning or None,
-            "tool_calls": [c.openai() for c in calls] or None,
+            "tool_calls": tool_calls or None,
         }
         choice: dict[str, Any] = {"index": k, "message": message, "logprobs": None}
         if req.logprobs:
@@ -169,7 +173,8 @@ async def _chat_chunks(
     answer_schema: str | None = None,
 ) -> AsyncGenerator[dict[str, Any], None]:
     """Per index: a role chunk, reasoning_content chunks (with a reasoning parser), content
-    chunks and tool-call chunks (each call whole, in one delta, once its JSON is complete), then
+    chunks and tool-call chunks (each call whole, in one delta, once its JSON is complete, with
+    its arguments' schema_valid), then
     one chunk with an empty delta that carries finish_reason and matched_stop; an optional usage
     chunk (choices: []) at the end."""
     metas: dict[int, dict[str, Any]] = {}
@@ -230,6 +235,8 @@ async def _chat_chunks(
                 if not deltas and logprobs and logprobs["content"]:
                     deltas = [{}]
                 for i, piece in enumerate(deltas):
+                    if piece.get("tool_calls"):
+                        await state.manager.run_blocking(check_arguments, plan, piece["tool_calls"])
                     yield chunk(k, piece, logprobs if i == 0 else None)
                 reason = finish_reason(reason, parser.num_calls > 0)
             if reason is not None:

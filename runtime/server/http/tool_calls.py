@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from weft.constrain import GrammarError, GrammarSpec
+from weft.constrain.validation import check_output
 from weft.runtime.server.http.errors import BadRequest
 from weft.runtime.server.http.tool_formats import FORMATS, template_format
 from weft.runtime.server.http.tool_parser import (
@@ -44,12 +45,16 @@ class ToolPlan:
             out["strict_json_schema"] = True
         return out
 
+    def parameters(self) -> dict[str, Any]:
+        """Function name -> its parameters schema (None where it declares none)."""
+        return {
+            str(t["function"]["name"]): t["function"].get("parameters") for t in self.tools or ()
+        }
+
     def parser(self) -> ToolCallParser | None:
         if self.mode == "none":
             return None
-        params = {
-            str(t["function"]["name"]): t["function"].get("parameters") for t in self.tools or ()
-        }
+        params = self.parameters()
         fmt = FORMATS[self.tool_format]
         return ToolCallParser(self.mode, frozenset(params), self.named, self.parallel, fmt=fmt,
                               params=params)  # fmt: skip
@@ -188,3 +193,18 @@ def stream_deltas(parser: ToolCallParser, text: str, final: bool) -> list[dict[s
             deltas.append({"tool_calls": [piece.openai(index=index)]})
             index += 1
     return deltas
+
+
+def check_arguments(plan: ToolPlan, entries: list[dict[str, Any]]) -> None:
+    """Each OpenAI tool-call entry (message.tool_calls[i] or a streamed delta's) gets
+    `schema_valid`, its arguments validated against its function's parameters schema with the
+    full validator (constrain/validation.py: what the grammar, if any, left unenforced is caught
+    here), and unless true `schema_error`; entries of a function without parameters are left as
+    they are. Blocking: run it on a tokenizer thread."""
+    params = plan.parameters()
+    for entry in entries:
+        function = entry.get("function") or {}
+        schema = params.get(function.get("name"))
+        if schema is not None:
+            arguments = function.get("arguments") or ""
+            entry.update(check_output(json.dumps(schema, sort_keys=True), arguments).meta())
