@@ -204,7 +204,7 @@ def check_arguments(plan: ToolPlan, entries: list[dict[str, Any]]) -> None:
     params = plan.parameters()
     for entry in entries:
         function = entry.get("function") or {}
-        schema = params.get(function.get("name"))
+        schema = params.get(str(function.get("name")))
         if schema is not None:
             arguments = function.get("arguments") or ""
             entry.update(check_output(json.dumps(schema, sort_keys=True), arguments).meta())
