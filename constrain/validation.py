@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import jsonschema.exceptions
 
-from weft.constrain.format_checks import ecma262_error, idn_hostname_ok
+from weft.constrain.format_checks import idn_hostname_ok
 from weft.constrain.formats import FORMAT_REGEXES, conforms
 from weft.constrain.schema import walk
 
@@ -109,19 +109,14 @@ def _format_checker(cls: Any) -> jsonschema.FormatChecker:
     checker.checkers = dict(cls.FORMAT_CHECKER.checkers)
     for name in FORMAT_REGEXES:
         checker.checkers[name] = (functools.partial(_conforms, name), ())
-    # jsonschema checks these with Python's `re` and a bare idna.encode (format_checks.py says
-    # what each lets through)
-    checker.checkers["regex"] = (_ecma262, ())
+    # (`regex` is one of them: ECMA-262, not jsonschema's Python `re`); jsonschema checks
+    # idn-hostname with a bare idna.encode (format_checks.py says what that lets through)
     checker.checkers["idn-hostname"] = (_idn_hostname, ())
     return checker
 
 
 def _conforms(name: str, instance: object) -> bool:
     return not isinstance(instance, str) or conforms(name, instance)
-
-
-def _ecma262(instance: object) -> bool:
-    return not isinstance(instance, str) or ecma262_error(instance) is None
 
 
 def _idn_hostname(instance: object) -> bool:
