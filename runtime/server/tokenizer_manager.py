@@ -126,8 +126,8 @@ class TokenizerManager:
                 (prefill_only(s), p, f"{s.rid}-prefill") for s, p in zip(specs, ids, strict=True)
             ]
             warmed = await self.collect(self._submit(warm))
-            aborted = any(aborted(out) for out in warmed)
-            if aborted and self.closing is not None:  # the shutdown's abort came first
+            any_aborted = any(aborted(out) for out in warmed)
+            if any_aborted and self.closing is not None:  # the shutdown's abort came first
                 raise RuntimeDown(self.closing)
         outputs = [
             (
