@@ -332,9 +332,9 @@ def row(res: dict, total: int) -> list[str]:
 
 def run_schemas(folder: Path, backends: list[str], timeout: float) -> None:
     """Per backend: schemas compiled within the timeout, those with keywords reported as not
-    enforced, refusals (timeouts apart), compile time to the first mask median / p90 / max. `llguidance:strict` is
-    OpenAI's `strict: true`; the 'either' row counts schemas llguidance or, failing it, outlines
-    compiles."""
+    enforced, refusals (timeouts apart), compile time to the first mask median / p90 / max.
+    `llguidance:strict` is OpenAI's `strict: true`; the 'either' row counts schemas llguidance
+    or, failing it, outlines compiles."""
     tok, schemas = load_tokenizer(), load_schemas(folder)
     results = [compile_all(name, tok, schemas, timeout) for name in backends]
     by_name = {r["backend"]: r for r in results}

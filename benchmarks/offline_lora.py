@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ from weft.runtime.lora.shapes import PARENT
 def adapter_tensors(config: dict[str, Any], rank: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """PEFT's tensors of a rank-`rank` adapter on every projection of every layer (bf16, small
     random values)."""
-    shapes = LoraShapes.from_hf_config(_Config(config))
+    shapes = LoraShapes.from_hf_config(SimpleNamespace(**config))
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for layer in range(shapes.num_layers):
@@ -51,13 +52,6 @@ def adapter_folders(config: dict[str, Any], rank: int, count: int, root: Path) -
             shutil.copytree(first, folder, copy_function=_link_or_copy)
         entries.append(f"lora{i}={folder}")
     return entries
-
-
-class _Config:
-    """A config.json's fields as attributes (what LoraShapes.from_hf_config reads)."""
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.__dict__.update(data)
 
 
 def _link_or_copy(src: str, dst: str) -> None:

@@ -22,9 +22,10 @@ the step must read, (weights + the batch's KV) / the device-to-device copy bandw
 the same run; the input embedding counts only the batch's rows. A variant with `enable_lora`
 fills its LoRA pool with max_loras_per_batch random adapters of max_lora_rank on every projection
 and spreads each batch over all of them (request i under adapter i mod n): a mixed-adapter
-batch, beside the base model's step (which is also the merged adapter's: merging adds no work). `prefill`: 1 × 1024 and 32 × 1024
-tokens, TFLOP/s at 2 FLOP per weight per token. CUDA events, medians after warm-up. On a machine
-without CUDA (`--backends torch`, a tiny --config) both run as a smoke test against the CPU's copy.
+batch, beside the base model's step (which is also the merged adapter's: merging adds no work).
+`prefill`: 1 × 1024 and 32 × 1024 tokens, TFLOP/s at 2 FLOP per weight per token. CUDA events,
+medians after warm-up. On a machine without CUDA (`--backends torch`, a tiny --config) both run as
+a smoke test against the CPU's copy.
 """
 
 from __future__ import annotations

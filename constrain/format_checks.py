@@ -217,7 +217,7 @@ class _Parser:
                 raise self.error(f"\\k<{name}> refers to no group")
         else:
             self.pos -= 1
-            self.character_escape(in_class=False)
+            self.character_escape()
 
     def character_class(self) -> None:
         self.pos += 1
@@ -242,9 +242,9 @@ class _Parser:
         if self.peek("b") or self.peek("-"):
             self.pos += 1
             return 8 if self.text[self.pos - 1] == "b" else ord("-")
-        return self.character_escape(in_class=True)
+        return self.character_escape()
 
-    def character_escape(self, in_class: bool) -> int | None:
+    def character_escape(self) -> int | None:
         """After a backslash: a CharacterClassEscape (None) or a CharacterEscape (its code
         point)."""
         ch = self.char("an escape")

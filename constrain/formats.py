@@ -212,8 +212,9 @@ def format_pattern(name: str) -> str | None:
 
 def conforms(name: str, text: str) -> bool:
     """Whether `text` is a valid `name` (one of FORMAT_REGEXES): the regex, and for hostnames,
-    IDNA's checks of every A-label."""
-    if name == "regex":  # exactly (the grammar's regex bounds the nesting of groups)
+    IDNA's checks of every A-label; a `regex` by parsing it (format_checks.ecma262_error: the
+    format's regex bounds the nesting of groups)."""
+    if name == "regex":
         return ecma262_error(text) is None
     if _compiled(name).fullmatch(text) is None:
         return False

@@ -158,8 +158,12 @@ def string_patterns(schema: Any) -> Any:
     negated classes quoted exactly in a JSON string (regex_text.json_string_classes). A copy if
     any changes, else `schema` itself."""
 
+    done: dict[str, str] = {}
+
     def fixed(pattern: str) -> str:
-        return ascii_classes(json_string_classes(pattern))
+        if pattern not in done:
+            done[pattern] = ascii_classes(json_string_classes(pattern))
+        return done[pattern]
 
     def changes(node: dict[str, Any]) -> bool:
         pattern, props = node.get("pattern"), node.get("patternProperties")

@@ -198,8 +198,10 @@ def _merged(target: Any, siblings: dict[str, Any]) -> Any:
             return None
     merged = copy.deepcopy(own)
     for key, value in siblings.items():
-        if key not in merged or key in _ANNOTATIONS:
-            merged.setdefault(key, copy.deepcopy(value))
+        if key not in merged:
+            merged[key] = copy.deepcopy(value)
+            continue
+        if key in _ANNOTATIONS:  # (the target's own annotation stands)
             continue
         joined = _joined(key, merged[key], value)
         if joined is None:
@@ -215,7 +217,8 @@ def _joined(key: str, mine: Any, theirs: Any) -> Any:
     if key == "properties" and isinstance(mine, dict) and isinstance(theirs, dict):
         out = copy.deepcopy(mine)
         for name, sub in theirs.items():
-            out[name] = {"allOf": [out[name], copy.deepcopy(sub)]} if name in out else sub
+            sub = copy.deepcopy(sub)
+            out[name] = {"allOf": [out[name], sub]} if name in out else sub
         return out
     if key == "type":
         a, b = _types(mine), _types(theirs)

@@ -9,6 +9,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -245,7 +246,7 @@ def test_adapter_folders_load_as_weft_reads_them(tmp_path: Path) -> None:
 
     entries = offline_lora.adapter_folders(TINY_CONFIG, 4, 2, tmp_path)
     assert [e.partition("=")[0] for e in entries] == ["lora0", "lora1"]
-    shapes = LoraShapes.from_hf_config(offline_lora._Config(TINY_CONFIG))
+    shapes = LoraShapes.from_hf_config(SimpleNamespace(**TINY_CONFIG))
     for entry in entries:
         adapter = load_adapter("x", entry.partition("=")[2], shapes, 4)
         assert adapter.rank == 4 and all(len(layer) == 4 for layer in adapter.layers)

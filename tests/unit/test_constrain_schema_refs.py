@@ -123,13 +123,13 @@ TRANSFORMS = {
                 "b": {"$ref": "#/definitions/spec"},
             },
             "required": ["a", "b"],
-        },  # fmt: skip
+        },
         "leaf": {
             "type": "object",
             "properties": {"name": {"type": "string"}},
             "required": ["name"],
             "additionalProperties": False,
-        },  # fmt: skip
+        },
     },
 }
 GEOMETRY = {
@@ -144,14 +144,14 @@ GEOMETRY = {
                 "type": {"enum": ["GeometryCollection"]},
                 "geometries": {"type": "array", "items": {"$ref": "#"}},
             },
-        },  # fmt: skip
+        },
         "point": {
             "required": ["coordinates"],
             "properties": {
                 "type": {"enum": ["Point"]},
                 "coordinates": {"type": "array", "items": {"type": "number"}},
             },
-        },  # fmt: skip
+        },
     },
 }
 SHAPE_DOCS = [
