@@ -1,7 +1,8 @@
 """The fused MoE kernel against moe_ref's loop over experts on CUDA, per token count, with the GB/s of
 the bytes it must move against the copy ceiling measured in the same run; fused_moe also back to
 back in a CUDA graph (no launch cost: what a captured decode step pays; the same weights each
-call, so the L2 may hold some of them where they are small).
+call, so the L2 may hold some of them where they are small); and align_pairs alone in a CUDA graph,
+its one-launch _align_kernel against its ~20 torch ops.
 
     python benchmarks/kernel_moe.py                                 # Qwen3-30B-A3B, T 1 8 64 256
     python benchmarks/kernel_moe.py --experts 8 --top-k 2 --hidden 4096 --inter 14336  # Mixtral
@@ -60,6 +61,29 @@ def bench_moe(
               flush=True)  # fmt: skip
 
 
+def bench_align(experts: int, top_k: int, hidden: int, inter: int, tokens_list: list[int]) -> None:
+    """One line per token count: align_pairs's two paths in a CUDA graph (what a captured step pays
+    for them), checked equal; `*` marks the one align_pairs takes."""
+    from weft.kernels import moe
+    from weft.kernels.moe_ref import select_experts
+
+    print(f"\nalign_pairs in a graph (E={experts} K={top_k}; fused up to "
+          f"{moe.FUSED_ALIGN_MAX_PAIRS} pairs):")  # fmt: skip
+    for tokens in tokens_list:
+        ids = select_experts(torch.randn(tokens, experts, device=DEV), top_k, True)[1]
+        block_m = moe.default_launch(tokens, hidden, inter, top_k, experts).block_m
+        fused = moe._align_pairs_fused(ids, experts, block_m)
+        for name, got, want in zip(moe.MoeAlignment._fields, fused,
+                                   moe._align_pairs_torch(ids, experts, block_m), strict=True):  # fmt: skip
+            assert torch.equal(got, want), f"T={tokens}: fused align_pairs differs in {name}"
+        fused_us = graph_us(partial(moe._align_pairs_fused, ids, experts, block_m))
+        torch_us = graph_us(partial(moe._align_pairs_torch, ids, experts, block_m))
+        mark = ("*", " ") if tokens * top_k <= moe.FUSED_ALIGN_MAX_PAIRS else (" ", "*")
+        print(f"  T {tokens:4} ({tokens * top_k:5} pairs, block_m {block_m:2}): "
+              f"fused{mark[0]} {fused_us:6.1f} us | torch{mark[1]} {torch_us:6.1f} us | "
+              f"saved {torch_us - fused_us:6.1f} us", flush=True)  # fmt: skip
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -86,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{device_name()}, torch {torch.__version__}")
     print(f"device-to-device copy: {ceiling:,.0f} GB/s (read + write)", flush=True)
     bench_moe(ceiling, args.experts, args.top_k, args.hidden, args.inter, args.tokens)
+    bench_align(args.experts, args.top_k, args.hidden, args.inter, args.tokens)
     return 0
 
 

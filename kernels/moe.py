@@ -12,6 +12,8 @@ import triton.language as tl
 from .common import INDEX_DTYPES, check_tensor
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+FUSED_ALIGN_MAX_PAIRS = 1024  # align_pairs runs _align_kernel up to this many (token, slot) pairs
+_ALIGN_TILE = 4096  # elements of _align_kernel's [pairs, experts] one-hot tiles (registers)
 
 
 @dataclass(frozen=True)
@@ -65,29 +67,15 @@ class MoeAlignment(NamedTuple):
 
 
 def align_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> MoeAlignment:
-    """Group the pairs of topk_ids [T, K] (ids in [0, experts)) by expert with torch ops on the
-    device, no host synchronisation (CUDA-graph capturable). Within an expert, pairs keep
-    ascending order. The capacity is T*K + min(E, T*K) * (block_m - 1), rounded up to block_m:
-    at most that many experts hold pairs, each with at most block_m - 1 padding slots."""
-    pairs = topk_ids.numel()
-    device = topk_ids.device
-    used = min(experts, pairs)
-    blocks = triton.cdiv(pairs + used * (block_m - 1), block_m)
-    flat = topk_ids.reshape(-1).long()  # [T*K]
-    counts = torch.zeros(experts, dtype=torch.int64, device=device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    padded_counts = (counts + block_m - 1) // block_m * block_m
-    padded_ends = torch.cumsum(padded_counts, 0)  # [E]
-    starts = torch.cumsum(counts, 0) - counts  # each expert's first place in the sorted pairs
-    sorted_experts, order = torch.sort(flat, stable=True)  # order: pair ids, grouped by expert
-    rank = torch.arange(pairs, device=device) - starts[sorted_experts]
-    dest = padded_ends[sorted_experts] - padded_counts[sorted_experts] + rank
-    sorted_ids = torch.full((blocks * block_m,), pairs, dtype=torch.int32, device=device)
-    sorted_ids.scatter_(0, dest, order.to(torch.int32))
-    block_starts = torch.arange(blocks, device=device) * block_m
-    block_expert = torch.searchsorted(padded_ends, block_starts, right=True, out_int32=True)
-    block_expert.clamp_(max=experts - 1)  # idle blocks (past the padded count) read none
-    return MoeAlignment(sorted_ids, block_expert, padded_ends[-1:].to(torch.int32))
+    """Group the pairs of topk_ids [T, K] (ids in [0, experts)) by expert on the device, no host
+    synchronisation (CUDA-graph capturable). Within an expert, pairs keep ascending order. The
+    capacity is T*K + min(E, T*K) * (block_m - 1), rounded up to block_m: at most that many
+    experts hold pairs, each with at most block_m - 1 padding slots."""
+    # NOTE: one launch of _align_kernel for decode-sized batches (~20 tiny torch kernels cost more
+    # than the weights there); its loops over pairs are serial, so larger batches take torch's ops
+    if topk_ids.numel() > FUSED_ALIGN_MAX_PAIRS:
+        return _align_pairs_torch(topk_ids, experts, block_m)
+    return _align_pairs_fused(topk_ids, experts, block_m)
 
 
 def fused_moe(
@@ -144,12 +132,132 @@ def fused_moe(
         act, w2, partial, weights, align.sorted_ids, align.block_expert, align.padded,
         pairs, hidden, inter, w2.stride(0), partial.stride(0), **common,
     )  # fmt: skip
-    if top_k > 1:
-        out.copy_(partial.view(tokens, top_k, hidden).sum(dim=1))  # float32, rounded once
+    if top_k > 1:  # the sum over K in float32, rounded once: one launch (torch takes two)
+        block = min(1024, triton.next_power_of_2(hidden))
+        _sum_pairs_kernel[(tokens, triton.cdiv(hidden, block))](
+            partial, out, hidden, out.stride(0), TOP_K=top_k, BLOCK=block, num_warps=4
+        )
     return out
 
 
 ##### Internal Helper Functions #####
+
+
+def _capacity_blocks(pairs: int, experts: int, block_m: int) -> int:
+    """The M blocks of the alignment's capacity (see align_pairs)."""
+    return triton.cdiv(pairs + min(experts, pairs) * (block_m - 1), block_m)
+
+
+def _align_pairs_torch(topk_ids: torch.Tensor, experts: int, block_m: int) -> MoeAlignment:
+    """align_pairs with ~20 torch ops (scatter_add, cumsum, sort, searchsorted, ...): exact at any
+    pair count, and the reference the fused _align_kernel is tested against."""
+    pairs = topk_ids.numel()
+    device = topk_ids.device
+    blocks = _capacity_blocks(pairs, experts, block_m)
+    flat = topk_ids.reshape(-1).long()  # [T*K]
+    counts = torch.zeros(experts, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded_counts = (counts + block_m - 1) // block_m * block_m
+    padded_ends = torch.cumsum(padded_counts, 0)  # [E]
+    starts = torch.cumsum(counts, 0) - counts  # each expert's first place in the sorted pairs
+    sorted_experts, order = torch.sort(flat, stable=True)  # order: pair ids, grouped by expert
+    rank = torch.arange(pairs, device=device) - starts[sorted_experts]
+    dest = padded_ends[sorted_experts] - padded_counts[sorted_experts] + rank
+    sorted_ids = torch.full((blocks * block_m,), pairs, dtype=torch.int32, device=device)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    block_starts = torch.arange(blocks, device=device) * block_m
+    block_expert = torch.searchsorted(padded_ends, block_starts, right=True, out_int32=True)
+    block_expert.clamp_(max=experts - 1)  # idle blocks (past the padded count) read none
+    return MoeAlignment(sorted_ids, block_expert, padded_ends[-1:].to(torch.int32))
+
+
+def _align_pairs_fused(topk_ids: torch.Tensor, experts: int, block_m: int) -> MoeAlignment:
+    """align_pairs in one launch of _align_kernel (a single program): exact at any pair count."""
+    pairs = topk_ids.numel()
+    blocks = _capacity_blocks(pairs, experts, block_m)
+    sorted_ids = torch.empty(blocks * block_m, dtype=torch.int32, device=topk_ids.device)
+    block_expert = torch.empty(blocks, dtype=torch.int32, device=topk_ids.device)
+    padded = torch.empty(1, dtype=torch.int32, device=topk_ids.device)
+    block_e = triton.next_power_of_2(experts)
+    per_row = max(1, _ALIGN_TILE // block_e)  # rows of a [rows, BLOCK_E] tile
+    _align_kernel[(1,)](
+        topk_ids.reshape(-1), sorted_ids, block_expert, padded, pairs, experts, blocks,
+        BLOCK_M=block_m, BLOCK_E=block_e,
+        CHUNK=min(per_row, triton.next_power_of_2(max(pairs, 1))),
+        BLOCK_B=min(per_row, triton.next_power_of_2(max(blocks, 1))),
+        FILL=min(1024, triton.next_power_of_2(max(blocks * block_m, 1))), num_warps=4,
+    )  # fmt: skip
+    return MoeAlignment(sorted_ids, block_expert, padded)
+
+
+@triton.jit
+def _one_hot(TopkIds, c0, num_pairs, experts, CHUNK: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Pairs c0 .. c0 + CHUNK: their ids [CHUNK] and one-hot experts [CHUNK, BLOCK_E] int32
+    (rows past the pairs all zero)."""
+    pair = c0 + tl.arange(0, CHUNK)
+    ids = tl.load(TopkIds + pair, mask=pair < num_pairs, other=-1).to(tl.int32)
+    return pair, (ids[:, None] == experts[None, :]).to(tl.int32)
+
+
+@triton.jit
+def _align_kernel(  # type: ignore[no-untyped-def]
+    TopkIds,  # [T*K] int32 or int64
+    SortedIds,  # [blocks * BLOCK_M] int32
+    BlockExpert,  # [blocks] int32
+    Padded,  # [1] int32
+    num_pairs,
+    num_experts,
+    num_blocks,
+    BLOCK_M: tl.constexpr,
+    BLOCK_E: tl.constexpr,  # experts, padded to a power of 2
+    CHUNK: tl.constexpr,  # pairs per step
+    BLOCK_B: tl.constexpr,  # M blocks per step
+    FILL: tl.constexpr,  # padding slots per store
+):
+    """align_pairs in one program: count the pairs per expert, fill with padding, then scatter
+    each pair to its expert's padded start + its rank among the expert's pairs so far."""
+    experts = tl.arange(0, BLOCK_E)
+    counts = tl.zeros([BLOCK_E], tl.int32)
+    for c0 in range(0, num_pairs, CHUNK):
+        counts += tl.sum(_one_hot(TopkIds, c0, num_pairs, experts, CHUNK)[1], axis=0)
+    padded_counts = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M  # 0 for experts >= E
+    ends = tl.cumsum(padded_counts, axis=0)  # [BLOCK_E]
+    capacity = num_blocks * BLOCK_M
+    for s0 in range(0, capacity, FILL):
+        slot = s0 + tl.arange(0, FILL)
+        tl.store(SortedIds + slot, tl.full([FILL], 0, tl.int32) + num_pairs, mask=slot < capacity)
+    tl.debug_barrier()  # NOTE: the padding lands before the pairs overwrite their slots
+    next_slot = ends - padded_counts  # [BLOCK_E]: where each expert's next pair goes
+    for c0 in range(0, num_pairs, CHUNK):
+        pair, hot = _one_hot(TopkIds, c0, num_pairs, experts, CHUNK)
+        upto = tl.cumsum(hot, axis=0) + next_slot[None, :]  # [CHUNK, BLOCK_E]
+        dest = tl.sum(tl.where(hot != 0, upto, 0), axis=1) - 1
+        tl.store(SortedIds + dest, pair, mask=pair < num_pairs)
+        next_slot += tl.sum(hot, axis=0)
+    for b0 in range(0, num_blocks, BLOCK_B):
+        block = b0 + tl.arange(0, BLOCK_B)
+        ended = (ends[None, :] <= block[:, None] * BLOCK_M) & (experts < num_experts)[None, :]
+        expert = tl.minimum(tl.sum(ended.to(tl.int32), axis=1), num_experts - 1)
+        tl.store(BlockExpert + block, expert, mask=block < num_blocks)
+    tl.store(Padded, tl.sum(padded_counts, axis=0))
+
+
+@triton.jit
+def _sum_pairs_kernel(  # type: ignore[no-untyped-def]
+    Partial,  # [T * TOP_K, H] float32, contiguous
+    Out,  # [T, H]
+    hidden,
+    stride_ot,
+    TOP_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < hidden
+    acc = tl.zeros([BLOCK], tl.float32)
+    for k in tl.static_range(TOP_K):
+        acc += tl.load(Partial + (token * TOP_K + k) * hidden + offs, mask=mask, other=0.0)
+    tl.store(Out + token * stride_ot + offs, acc.to(Out.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -78,13 +78,15 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, gemv: GemvPlan | None = None) -> torch.Tensor:
         # x: [T, H] -> [T, H]
-        weights, ids = select_experts(self.gate(x), self.top_k, self.renormalize)  # [T, K] each
         w13, w2 = self.experts.w13, self.experts.w2
         if x.is_cuda:
             from weft.kernels.moe import fused_moe
+            from weft.kernels.moe_route import route_topk
 
+            weights, ids = route_topk(self.gate(x), self.top_k, self.renormalize)  # [T, K] each
             out = fused_moe(x, w13, w2, weights, ids)
         else:
+            weights, ids = select_experts(self.gate(x), self.top_k, self.renormalize)
             out = moe_ref(x, w13, w2, weights, ids)
         return self.tp.all_reduce(out)
 

@@ -1,4 +1,4 @@
-"""The fused MoE kernel on CUDA at Qwen3-30B-A3B's and Mixtral-8x7B's shapes against moe_ref, and
+"""The fused MoE kernel and the router's top-k kernel on CUDA at Qwen3-30B-A3B's and Mixtral-8x7B's shapes against moe_ref, and
 inside a CUDA graph whose replays route differently. Skipped without CUDA."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ pytest.importorskip("triton", reason="triton is not importable")
 
 from weft.kernels.moe import fused_moe  # noqa: E402
 from weft.kernels.moe_ref import moe_ref, select_experts  # noqa: E402
+from weft.kernels.moe_route import route_topk  # noqa: E402
 
 DEV = "cuda"
 # name: experts, top_k, hidden, intermediate
@@ -96,3 +97,23 @@ def test_fused_moe_in_a_cuda_graph(
         graph.replay()
         err = rel_err(out, moe_ref(x, w13, w2, topk_weights, topk_ids))
         assert err < 1e-2, f"replay T={tokens}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+@pytest.mark.parametrize("tokens", [1, 64, 4096])
+def test_route_topk_matches_select_experts(name: str, tokens: int) -> None:
+    experts, top_k, _, _ = SHAPES[name]
+    logits = torch.randn(tokens, experts, device=DEV)  # float32: ties are improbable
+    weights, ids = route_topk(logits, top_k, True)
+    ref_weights, ref_ids = select_experts(logits, top_k, True)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+    # bf16 logits tie often among 128 experts, and torch.topk orders ties as it likes on CUDA:
+    # the chosen weights agree as sorted values, each id's logit is one of the top_k largest
+    logits = logits.mul(2).bfloat16()
+    weights, ids = route_topk(logits, top_k, True)
+    ref_weights, _ = select_experts(logits, top_k, True)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+    kth = logits.float().topk(top_k, dim=-1).values[:, -1:]
+    assert (logits.float().gather(1, ids.long()) >= kth).all()
+    assert (ids.sort(dim=1).values.diff(dim=1) > 0).all(), "an expert chosen twice"

@@ -97,6 +97,41 @@ def test_align_pairs_groups_by_expert_and_pads() -> None:
     assert align.block_expert.tolist()[:3] == [0, 2, 3]
 
 
+ALIGN_CASES = [
+    # tokens, top_k, experts, block_m, routing, id dtype
+    (1, 8, 128, 16, "random", torch.int32),  # Qwen3-30B-A3B decode
+    (1, 1, 8, 16, "random", torch.int32),  # a single pair
+    (3, 2, 60, 32, "random", torch.int64),  # E not a power of 2, int64 ids
+    (5, 1, 1, 16, "random", torch.int32),  # E = 1
+    (17, 2, 8, 16, "one", torch.int64),  # every pair on one expert: two M blocks of it
+    (24, 8, 60, 16, "all", torch.int32),  # every expert holds pairs
+    (9, 2, 8, 64, "random", torch.int32),  # block_m 64: most of each block padding
+    (128, 8, 128, 16, "random", torch.int32),  # FUSED_ALIGN_MAX_PAIRS: several chunks of pairs
+]
+
+
+@pytest.mark.parametrize("tokens, top_k, experts, block_m, routing, dtype", ALIGN_CASES)
+@interpreted
+def test_fused_align_equals_torch_align(
+    tokens: int, top_k: int, experts: int, block_m: int, routing: str, dtype: torch.dtype
+) -> None:
+    """_align_kernel (align_pairs at decode sizes) gives the torch path's alignment bit for bit."""
+    pairs = tokens * top_k
+    assert pairs <= moe.FUSED_ALIGN_MAX_PAIRS  # the fused path
+    if routing == "one":
+        ids = torch.full((tokens, top_k), experts - 3)
+    elif routing == "all":
+        ids = (torch.arange(pairs) % experts)[torch.randperm(pairs)].view(tokens, top_k)
+    else:
+        ids = torch.randint(0, experts, (tokens, top_k))
+    ids = ids.to(dtype)
+    fused = moe.align_pairs(ids, experts, block_m)
+    torch_ = moe._align_pairs_torch(ids, experts, block_m)
+    for name, got, want in zip(moe.MoeAlignment._fields, fused, torch_, strict=True):
+        assert got.dtype == want.dtype == torch.int32, f"{name}: {got.dtype}, {want.dtype}"
+        assert torch.equal(got, want), f"{name}:\n{got.tolist()}\n!= {want.tolist()}"
+
+
 @interpreted
 def test_no_tokens_and_bad_inputs() -> None:
     w13, w2 = _weights(4, 32, 32, torch.float32)
