@@ -1,4 +1,4 @@
-"""RMSNorm and fused residual-add + RMSNorm, one program per row."""
+"""RMSNorm, fused residual-add + RMSNorm (one program per row) and per-head QK-norm in place."""
 
 from __future__ import annotations
 
@@ -102,3 +102,60 @@ def fused_add_rmsnorm(
             x, residual, weight, x, x.stride(0), residual.stride(0), x.stride(0), hidden, eps,
             BLOCK=block, HAS_RESIDUAL=True, num_warps=_num_warps(block), PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip
+
+
+@triton.jit
+def _heads_rmsnorm_kernel(  # type: ignore[no-untyped-def]
+    Q,  # [T, HQ, D] (any row and head strides), normalised in place
+    K,  # [T, HK, D], likewise
+    WQ,  # [D]
+    WK,  # [D]
+    HQ,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    D,
+    eps,
+    BLOCK: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < D
+    if head < HQ:
+        ptrs = Q + token * stride_qt + head * stride_qh + offs
+        w = tl.load(WQ + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        ptrs = K + token * stride_kt + (head - HQ) * stride_kh + offs
+        w = tl.load(WK + offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
+    # as _rmsnorm_kernel: normalise, round to the input's dtype, then scale
+    y = (x * rstd).to(Q.dtype.element_ty).to(tl.float32) * w
+    tl.store(ptrs, y.to(Q.dtype.element_ty), mask=mask)
+
+
+def heads_rmsnorm_(
+    q: torch.Tensor,  # [T, HQ, D]: views into a fused QKV output are fine (unit stride in D)
+    k: torch.Tensor,  # [T, HK, D]
+    q_weight: torch.Tensor,  # [D]
+    k_weight: torch.Tensor,  # [D]
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3's QK-norm in one launch, in place: every head vector of q and of k through rmsnorm
+    with its own weight (exactly what rmsnorm computes per row); returns (q, k). Strided views
+    are normalised where they lie, without the copies that flattening them would make."""
+    tokens, q_heads, dim = q.shape
+    check_tensor(q, "q", (tokens, q_heads, dim), FLOATS)
+    check_tensor(k, "k", (tokens, None, dim), (q.dtype,), q.device)
+    check_tensor(q_weight, "q_weight", (dim,), FLOATS, q.device)
+    check_tensor(k_weight, "k_weight", (dim,), FLOATS, q.device)
+    assert dim <= MAX_HIDDEN, f"head dim {dim} > {MAX_HIDDEN}"
+    if tokens:
+        block = triton.next_power_of_2(dim)
+        _heads_rmsnorm_kernel[(tokens, q_heads + k.shape[1])](
+            q, k, q_weight, k_weight, q_heads, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            dim, eps, BLOCK=block, num_warps=1 if block <= 256 else 4,
+        )  # fmt: skip
+    return q, k

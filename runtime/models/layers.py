@@ -135,6 +135,19 @@ class RMSNorm(nn.Module):
         return self.forward(residual), residual
 
 
+def qk_norm(
+    q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q_norm(q), k_norm(k)) over heads: q [T, H, D], k [T, Hk, D]. Where both norms run
+    weft's kernels, one launch normalises the heads in place (views into the QKV output stay
+    where they are: flattening them for two rmsnorm launches would copy them first)."""
+    if q_norm._kernels is not None and k_norm._kernels is not None and q_norm.eps == k_norm.eps:
+        from weft.kernels.norm import heads_rmsnorm_
+
+        return heads_rmsnorm_(q, k, q_norm.weight, k_norm.weight, q_norm.eps)
+    return q_norm(q), k_norm(k)
+
+
 class GemmaRMSNorm(RMSNorm):
     """Gemma's RMSNorm: `x / rms(x) * (1 + w)` in float32, rounded once to x's dtype (HF's
     Gemma3RMSNorm; checkpoints hold w centred on 0). `add_forward` is RMSNorm's unfused one.

@@ -1,4 +1,4 @@
-"""RMSNorm, SiLU-and-mul, argmax and rotary on CPU under TRITON_INTERPRET=1 against the float32
+"""RMSNorm (QK-norm per head too), SiLU-and-mul, argmax and rotary on CPU under TRITON_INTERPRET=1 against the float32
 references."""
 
 from __future__ import annotations
@@ -44,6 +44,28 @@ def test_fused_add_rmsnorm(hidden: int, dtype: torch.dtype) -> None:
     assert_close(x, x_want, TOL[dtype] * 3)
     # x is the norm of the sum as stored (rounded to the dtype), not of the float32 sum
     assert_close(x, ref.rmsnorm_ref(residual, weight, 1e-5), TOL[dtype])
+
+
+@pytest.mark.parametrize(
+    "dim, dtype", [(128, torch.float32), (96, torch.float16), (64, torch.bfloat16)]
+)
+@interpreted
+def test_heads_rmsnorm_normalises_q_and_k_in_place_as_rmsnorm_per_row(
+    dim: int, dtype: torch.dtype
+) -> None:
+    """Qwen3's QK-norm over the q and k views of a fused QKV output (strided rows), v untouched:
+    each head vector exactly as rmsnorm of the copied rows."""
+    tokens, q_heads, kv_heads = 3, 4, 2
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * dim).to(dtype)
+    q, k, v = qkv.split([q_heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k = q.view(tokens, q_heads, dim), k.view(tokens, kv_heads, dim)
+    wq, wk_ = (1 + 0.1 * torch.randn(dim)).to(dtype), (1 + 0.1 * torch.randn(dim)).to(dtype)
+    want_q = wk.rmsnorm(q.reshape(-1, dim), wq, 1e-6).view(q.shape)
+    want_k = wk.rmsnorm(k.reshape(-1, dim), wk_, 1e-6).view(k.shape)
+    v_before = v.clone()
+    got_q, got_k = wk.heads_rmsnorm_(q, k, wq, wk_, 1e-6)
+    assert got_q.data_ptr() == qkv.data_ptr() and torch.equal(got_q, want_q)
+    assert torch.equal(got_k, want_k) and torch.equal(v, v_before)
 
 
 @pytest.mark.parametrize("inter, dtype", [(64, torch.float32), (1500, torch.bfloat16)])
