@@ -171,7 +171,8 @@ class Scheduler:
     def launch(self, batch: Batch | None) -> LaunchedStep | None:
         """Queue the batch on the device. Its requests' KV now counts as computed, and a token it
         samples is `ahead` (known on the device only) until its results are processed."""
-        self.clock.launching(batch)
+        spec = self.speculator
+        self.clock.launching(batch, spec.take_draft_s() if spec is not None else 0.0)
         if batch is None:
             return None
         held = self.max_total_tokens - self.cache.available_tokens

@@ -3,6 +3,7 @@ KV slots, and after the verify step the accepted tokens' bookkeeping (rejected s
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -160,6 +161,7 @@ class Speculator:
         self.ngram = config.speculative_algorithm == "ngram"
         self.propose_fn = None if self.ngram else propose
         self._verify_next: bool | None = None  # the choice for the next decode step, once made
+        self._draft_s = 0.0  # the last build's time in the draft model (see take_draft_s)
 
     def verifies_next(self, batch_size: int) -> bool:
         """Whether the next decode step verifies drafts (StepCosts), chosen once per step: the
@@ -184,12 +186,23 @@ class Speculator:
         own = [r.extend_len for r in running]
         for req, m, d in zip(running, own, want, strict=True):
             assert self.cache.alloc(req, m + d), "draft slots failed after they were checked"
+        started = time.perf_counter()
         drafts = self._drafts(running, want)
+        self._draft_s = time.perf_counter() - started
         for req, m, d, got in zip(running, own, want, drafts, strict=True):
             if len(got) < d:  # a grammar cut the draft model's chain: its slots' pages go back
                 free_tail(self.cache, req, req.kv_len + m + len(got), req.kv_len + m + d)
         lens = [m + len(d) for m, d in zip(own, drafts, strict=True)]
         return Batch(ForwardMode.EXTEND, list(running), lens, drafts=drafts)
+
+    def take_draft_s(self) -> float:
+        """The seconds the last build spent drafting (0 after it was taken, or for a plain
+        build): the verify step's own time, which StepClock must not charge to the step launched
+        before it. The draft model's proposals wait for the device; without this, the plain
+        decode step before a verify step would be timed with the drafts, and StepCosts would
+        favour speculation."""
+        seconds, self._draft_s = self._draft_s, 0.0
+        return seconds
 
     def _draft_len(self, req: Req) -> int:
         counts = spec_counts(req)

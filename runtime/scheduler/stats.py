@@ -45,11 +45,13 @@ class StepClock:
         # told each timed step: (kind, batch size, seconds launch to launch)
         self.listener: Callable[[str, int, float], None] | None = None
 
-    def launching(self, batch: Batch | None) -> None:
+    def launching(self, batch: Batch | None, prepared_s: float = 0.0) -> None:
         """A step is about to launch (None: none is): the time since the last launch goes to
-        that step's kind. NOTE: counted here, not when the next launch times it, so that a
-        get_state answered in between sees every step whose results it may have seen."""
-        now = time.perf_counter()
+        that step's kind. `prepared_s`: host time this step's own build took (the draft model's
+        proposals for a verify step), timed as part of this step, not of the one before. NOTE:
+        counted here, not when the next launch times it, so that a get_state answered in between
+        sees every step whose results it may have seen."""
+        now = time.perf_counter() - prepared_s
         if self._last_launch is not None:
             kind, at, size = self._last_launch
             self.counts[f"{kind}_us"] += int((now - at) * 1e6)
