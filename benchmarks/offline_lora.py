@@ -1,6 +1,7 @@
-"""Random PEFT LoRA adapters for benchmarks/offline.py's `lora` mode: one adapter of the model's
-shapes on every projection, written once, and hard-linked copies under other names (the values do
-not change a step's time; each name still takes its own pool slot)."""
+"""Random LoRA adapters for the benchmarks: PEFT folders for offline.py's `lora` mode (one adapter
+of the model's shapes on every projection, written once, and hard-linked copies under other names:
+the values do not change a step's time; each name still takes its own pool slot), and adapters
+made on the device in a runner's pool for step.py's decode and profile steps."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from weft.runtime.lora import TARGETS, LoraShapes
+from weft.runtime.executor.batch import Batch
+from weft.runtime.executor.model_runner import ModelRunner
+from weft.runtime.lora import FUSED, TARGETS, LoraAdapter, LoraShapes, LoraWeights
 from weft.runtime.lora.shapes import PARENT
 
 
@@ -59,3 +62,37 @@ def _link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+def random_adapters(runner: ModelRunner) -> list[str]:
+    """A LoRA runner's pool filled: max_loras_per_batch random adapters of max_lora_rank on
+    every projection (made on the device, as dummy weights are), resident and pinned; their
+    names ([] without LoRA)."""
+    lora = runner.lora
+    if lora is None:
+        return []
+    pool, names = lora.pool, []
+    shapes, rank = pool.shapes, pool.max_rank
+    dtype = pool.a["o_proj"].dtype
+    gen = torch.Generator(device=pool.device).manual_seed(0)
+
+    def small(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=pool.device, dtype=dtype) * 0.01
+
+    for k in range(pool.max_loras):
+        layers = tuple({fused: LoraWeights(small(len(parts) * rank, shapes.in_dim(fused)),
+                                           small(shapes.out_dim(fused), rank))
+                        for fused, parts in FUSED.items()}
+                       for _ in range(shapes.num_layers))  # fmt: skip
+        name = f"random-{k}"
+        lora.register(LoraAdapter(name, "(random)", rank, 2.0, shapes, layers))
+        lora.acquire(name)
+        names.append(name)
+    return names
+
+
+def spread_adapters(batch: Batch, names: list[str]) -> Batch:
+    """Request i of `batch` under adapter i mod len(names): every adapter in the batch."""
+    for i, req in enumerate(batch.reqs):
+        req.lora_path = names[i % len(names)] if names else None
+    return batch

@@ -50,13 +50,13 @@ from bench_utils import (
     merge_kwargs,
 )
 from bench_utils import parse_kv as parse_engine_args
+from offline_lora import random_adapters, spread_adapters
 from step_profile import add_profile_args, decode_batch, make_reqs, run_profile
 
 from weft.runtime.config import EngineConfig
 from weft.runtime.executor.batch import Batch, ForwardMode
 from weft.runtime.executor.model_runner import ModelRunner
 from weft.runtime.loader import read_hf_config
-from weft.runtime.lora import FUSED, LoraAdapter, LoraWeights
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "benchmarks/configs/llama-3.1-8b"
@@ -113,43 +113,6 @@ def pipelined(runner: ModelRunner, batch: Batch, reps: int) -> float:
         prev.resolve()
         times.append(watch.stop() / reps)
     return statistics.median(times)
-
-
-##### LoRA: random adapters, a mixed batch #####
-
-
-def random_adapters(runner: ModelRunner) -> list[str]:
-    """A LoRA runner's pool filled: max_loras_per_batch random adapters of max_lora_rank on
-    every projection (made on the device, as dummy weights are), resident and pinned; their
-    names ([] without LoRA)."""
-    lora = runner.lora
-    if lora is None:
-        return []
-    pool, names = lora.pool, []
-    shapes, rank = pool.shapes, pool.max_rank
-    dtype = pool.a["o_proj"].dtype
-    gen = torch.Generator(device=pool.device).manual_seed(0)
-
-    def small(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, device=pool.device, dtype=dtype) * 0.01
-
-    for k in range(pool.max_loras):
-        layers = tuple({fused: LoraWeights(small(len(parts) * rank, shapes.in_dim(fused)),
-                                           small(shapes.out_dim(fused), rank))
-                        for fused, parts in FUSED.items()}
-                       for _ in range(shapes.num_layers))  # fmt: skip
-        name = f"random-{k}"
-        lora.register(LoraAdapter(name, "(random)", rank, 2.0, shapes, layers))
-        lora.acquire(name)
-        names.append(name)
-    return names
-
-
-def spread_adapters(batch: Batch, names: list[str]) -> Batch:
-    """Request i of `batch` under adapter i mod len(names): every adapter in the batch."""
-    for i, req in enumerate(batch.reqs):
-        req.lora_path = names[i % len(names)] if names else None
-    return batch
 
 
 ##### Runners #####

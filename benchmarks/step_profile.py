@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from bench_utils import merge_kwargs, model_folder
+from offline_lora import random_adapters, spread_adapters
 
 from weft.runtime.config import EngineConfig
 from weft.runtime.executor.batch import Batch, ForwardMode
@@ -142,8 +143,9 @@ def profile_runner(args: argparse.Namespace) -> None:
                            max_total_tokens=(max_batch + 2) * ctx,
                            max_running_requests=max(max_batch, 32), context_length=ctx)  # fmt: skip
     runner = ModelRunner(config, args.config, hf, ctx)
+    adapters = random_adapters(runner)  # (--engine-arg enable_lora=true: every slot, mixed)
     for b in args.batches:
-        batch = decode_batch(runner, b, args.context, hf.vocab_size)
+        batch = spread_adapters(decode_batch(runner, b, args.context, hf.vocab_size), adapters)
         for _ in range(3):
             runner.forward(batch)
         phases: dict[str, list[float]] = {"batch tensors": [], "model": [], "logits+sample": []}
