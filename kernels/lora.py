@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from .common import INDEX_DTYPES, check_tensor
+from .moe import align_pairs
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 NO_LORA = -1  # a token's slot when it runs the base model alone: no tile, no weight read
@@ -22,7 +23,7 @@ class LoraIndex(NamedTuple):
 
     sorted_tokens: torch.Tensor  # [capacity] int32: token ids; padding holds T (out of range)
     tile_slot: torch.Tensor  # [capacity // block_m] int32: each tile's slot (NO_LORA: skipped)
-    padded: torch.Tensor  # [1] int32: the padded count of adapter tokens; later tiles are idle
+    padded: torch.Tensor  # [1] int32: the padded count of all tokens; later tiles are idle
     block_m: int
 
 
@@ -82,33 +83,20 @@ def segment_token_slots(
 
 
 def lora_index(token_slots: torch.Tensor, num_slots: int, block_m: int) -> LoraIndex:
-    """Group the tokens of token_slots [T] (slots in [0, num_slots) or NO_LORA) by slot with torch
-    ops on the device (CUDA-graph capturable): a slot's tokens keep ascending order, the base
-    model's come after every adapter's. Capacity: T + min(num_slots + 1, T) * (block_m - 1),
-    rounded up to block_m (at most that many runs, each with fewer than block_m padding)."""
+    """Group the tokens of token_slots [T] (slots in [0, num_slots) or NO_LORA) by slot on the
+    device (CUDA-graph capturable): a slot's tokens keep ascending order, the base model's come
+    after every adapter's. This is the MoE kernel's grouping of pairs by expert (one launch for
+    decode-sized batches: moe.align_pairs), with the base model as one more expert whose tiles
+    are marked NO_LORA. Capacity: T + min(num_slots + 1, T) * (block_m - 1), rounded up to
+    block_m (at most that many runs, each with fewer than block_m padding)."""
     assert token_slots.dim() == 1 and token_slots.dtype in INDEX_DTYPES, (
         f"token_slots: expected a 1-d int tensor, got {tuple(token_slots.shape)} {token_slots.dtype}"
     )
-    tokens = token_slots.numel()
-    device = token_slots.device
-    buckets = num_slots + 1  # the last one: the base model
-    tiles = triton.cdiv(tokens + min(buckets, tokens) * (block_m - 1), block_m)
-    bucket = torch.where(token_slots < 0, num_slots, token_slots).long()  # [T]
-    counts = torch.zeros(buckets, dtype=torch.int64, device=device)
-    counts.scatter_add_(0, bucket, torch.ones_like(bucket))
-    padded_counts = (counts + block_m - 1) // block_m * block_m
-    padded_ends = torch.cumsum(padded_counts, 0)  # [buckets]
-    starts = torch.cumsum(counts, 0) - counts
-    sorted_bucket, order = torch.sort(bucket, stable=True)
-    rank = torch.arange(tokens, device=device) - starts[sorted_bucket]
-    dest = padded_ends[sorted_bucket] - padded_counts[sorted_bucket] + rank
-    sorted_tokens = torch.full((tiles * block_m,), tokens, dtype=torch.int32, device=device)
-    sorted_tokens.scatter_(0, dest, order.to(torch.int32))
-    tile_starts = torch.arange(tiles, device=device) * block_m
-    tile_slot = torch.searchsorted(padded_ends, tile_starts, right=True, out_int32=True)
+    bucket = torch.where(token_slots < 0, num_slots, token_slots)  # the last one: the base model
+    grouped = align_pairs(bucket.view(-1, 1), num_slots + 1, block_m)
+    tile_slot = grouped.block_expert
     tile_slot = torch.where(tile_slot >= num_slots, NO_LORA, tile_slot).to(torch.int32)
-    padded = padded_ends[num_slots - 1 : num_slots] if num_slots else padded_ends[:1] * 0
-    return LoraIndex(sorted_tokens, tile_slot, padded.to(torch.int32), block_m)
+    return LoraIndex(grouped.sorted_ids, tile_slot, grouped.padded, block_m)
 
 
 def lora_shrink(

@@ -85,10 +85,11 @@ class Projection(nn.Linear):
     ) -> torch.Tensor:
         """self(act(gate_up)) for act = SiLU-and-mul; where the GEMV runs, the activation is
         computed inside it (as silu_and_mul's kernel rounds it), saving its launch. With LoRA
-        tokens in the batch the activation is computed once, for the base and the delta."""
+        tokens in the batch the activation is computed once, for the base and the delta (the
+        GEMV, where its plan names this shape, then reads it as a plain input)."""
         if self.lora is not None and self.lora.active:
             h = act(gate_up)
-            return self.lora.add(h, self._project(h, None))
+            return self.lora.add(h, self._project(h, gemv))
         if self.quant is not None:
             return self.quant.apply(self, act(gate_up), self.bias)
         launch = gemv.launches.get(self.shape) if gemv is not None else None

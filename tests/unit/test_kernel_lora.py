@@ -119,7 +119,7 @@ def test_lora_index_groups_by_slot_base_last() -> None:
     assert index.sorted_tokens.shape == (24,) and index.tile_slot.shape == (6,)
     assert index.sorted_tokens.tolist()[:12] == [2, 6, 6, 6, 0, 3, 5, 6, 1, 4, 6, 6]
     assert index.tile_slot.tolist() == [0, 2, -1, -1, -1, -1]
-    assert index.padded.tolist() == [8]  # the adapters' tiles end there; base tiles are skipped
+    assert index.padded.tolist() == [12]  # the base model's tile (slot -1) is skipped too
 
 
 @interpreted
