@@ -127,8 +127,10 @@ def sweep(proj: str, tokens_list: list[int], adapters_list: list[int]) -> None:
                 got = lora_forward(x, y.clone(), a, b, scalings, ranks, index, starts, launch)
                 err = ((got.float() - want).norm() / (want - y.float()).norm()).item()
                 assert err < 2e-2, f"{launch}: relative error {err:.3g}"
-                times[launch] = graph_us(
-                    partial(lora_forward, x, y, a, b, scalings, ranks, index, starts, launch)
+                times[launch] = graph_us(  # (on a copy: each call adds into its y)
+                    partial(
+                        lora_forward, x, y.clone(), a, b, scalings, ranks, index, starts, launch
+                    )
                 )
             best = min(times, key=times.__getitem__)
             print(f"  T {tokens} x {adapters} adapters: default {times[default]:.1f} us, best "
