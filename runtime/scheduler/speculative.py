@@ -3,9 +3,11 @@ KV slots, and after the verify step the accepted tokens' bookkeeping (rejected s
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from weft.runtime.config import EngineConfig
@@ -20,7 +22,8 @@ from weft.runtime.scheduler.request import Req
 ACCEPT_EMA = 0.5  # weight of the newest step in a request's acceptance average
 PROBE_BELOW = 0.15  # a request accepting fewer than this share of its drafts gets one, a probe
 # whether to speculate at all (see StepCosts)
-STEP_EMA = 0.2  # weight of the newest step in the step-time and tokens-per-step averages
+STEP_EMA = 0.2  # weight of the newest step in the tokens-per-step average
+STEP_SAMPLES = 5  # step times kept per kind and batch-size class (see _typical)
 REVISIT_EVERY = 32  # a batch-size class re-measures its less used kind of step this often ...
 REVISIT_MAX = 256  # ... twice as rarely after each revisit that kept the choice, up to this
 
@@ -74,15 +77,24 @@ def size_class(batch_size: int) -> int:
 
 @dataclass
 class ClassCosts:
-    """Moving averages of one batch-size class: seconds per plain decode step and per verify
-    step, and tokens each request got per verify step."""
+    """One batch-size class's recent step times (seconds per plain decode step and per verify
+    step, the last STEP_SAMPLES of each) and the tokens each request got per verify step (a
+    moving average)."""
 
-    decode_s: float | None = None
-    verify_s: float | None = None
+    decode: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_SAMPLES))
+    verify: deque[float] = field(default_factory=lambda: deque(maxlen=STEP_SAMPLES))
     tokens_per_req: float | None = None
     since_revisit: int = 0
     revisit_every: int = REVISIT_EVERY
     better: bool | None = None  # whether verify steps paid at the last choice
+
+    @property
+    def decode_s(self) -> float | None:
+        return _typical(self.decode)
+
+    @property
+    def verify_s(self) -> float | None:
+        return _typical(self.verify)
 
 
 class StepCosts:
@@ -123,9 +135,9 @@ class StepCosts:
             return
         c = self.classes.setdefault(size_class(batch_size), ClassCosts())
         if kind == "decode":
-            c.decode_s = _ema(c.decode_s, seconds)
+            c.decode.append(seconds)
             return
-        c.verify_s = _ema(c.verify_s, seconds)
+        c.verify.append(seconds)
         steps, accepted = self.stats["spec_verify_steps"], self.stats["spec_accepted_tokens"]
         d_steps, d_acc = steps - self._seen[0], accepted - self._seen[1]
         self._seen = (steps, accepted)
@@ -135,6 +147,15 @@ class StepCosts:
 
 def _ema(old: float | None, new: float) -> float:
     return new if old is None else STEP_EMA * new + (1 - STEP_EMA) * old
+
+
+def _typical(samples: deque[float]) -> float | None:
+    """A kind's step time: the median of its recent samples, the smallest while there are
+    fewer than 3 (a class's first step of a kind may carry one-time costs, and a moving
+    average kept such an outlier for many revisits, each of which adds one sample)."""
+    if not samples:
+        return None
+    return min(samples) if len(samples) < 3 else statistics.median(samples)
 
 
 class Speculator:

@@ -122,3 +122,22 @@ def test_step_clock_charges_a_verify_steps_drafting_to_it_not_to_the_step_before
     assert 0.015 < plain_s < 0.03, plain_s
     assert 0.035 < verify_s < 0.06, verify_s
     assert clock.counts["decode_steps"] == clock.counts["verify_steps"] == 1
+
+
+def test_step_costs_are_not_held_by_one_slow_first_step() -> None:
+    """A class's first plain step took 100 ms (one-time costs); the next took 5 ms: plain
+    decoding (1 token / 5 ms) beats verify steps (2 tokens / 15 ms) from then on."""
+    stats = {"spec_verify_steps": 0, "spec_accepted_tokens": 0}
+    costs = StepCosts(stats)
+    assert costs.speculate(8)
+    stats["spec_verify_steps"] += 8
+    stats["spec_accepted_tokens"] += 8
+    costs.observe("verify", 8, 0.015)
+    assert not costs.speculate(8)
+    costs.observe("decode", 8, 0.100)
+    assert costs.speculate(8)  # 2 / 15 ms against 1 / 100 ms
+    costs.observe("decode", 8, 0.005)  # (a revisit's plain step)
+    assert not costs.speculate(8)
+    for seconds in (0.005, 0.006, 0.005, 0.300):  # a median: one more slow step changes nothing
+        costs.observe("decode", 8, seconds)
+        assert not costs.speculate(8)
