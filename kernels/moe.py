@@ -71,9 +71,11 @@ def align_pairs(topk_ids: torch.Tensor, experts: int, block_m: int) -> MoeAlignm
     synchronisation (CUDA-graph capturable). Within an expert, pairs keep ascending order. The
     capacity is T*K + min(E, T*K) * (block_m - 1), rounded up to block_m: at most that many
     experts hold pairs, each with at most block_m - 1 padding slots."""
-    # NOTE: one launch of _align_kernel for decode-sized batches (~20 tiny torch kernels cost more
-    # than the weights there); its loops over pairs are serial, so larger batches take torch's ops
-    if topk_ids.numel() > FUSED_ALIGN_MAX_PAIRS:
+    # NOTE: one launch of _align_kernel for decode-sized batches on the GPU (~20 tiny torch kernels
+    # cost more than the weights there); its loops over pairs are serial, so larger batches take
+    # torch's ops, as do CPU tensors (a LoRA index built in CPU tests; the interpreter's tests
+    # call _align_pairs_fused itself)
+    if not topk_ids.is_cuda or topk_ids.numel() > FUSED_ALIGN_MAX_PAIRS:
         return _align_pairs_torch(topk_ids, experts, block_m)
     return _align_pairs_fused(topk_ids, experts, block_m)
 

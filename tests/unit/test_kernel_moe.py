@@ -115,9 +115,10 @@ ALIGN_CASES = [
 def test_fused_align_equals_torch_align(
     tokens: int, top_k: int, experts: int, block_m: int, routing: str, dtype: torch.dtype
 ) -> None:
-    """_align_kernel (align_pairs at decode sizes) gives the torch path's alignment bit for bit."""
+    """_align_kernel (align_pairs at decode sizes on a GPU) gives the torch path's alignment bit
+    for bit."""
     pairs = tokens * top_k
-    assert pairs <= moe.FUSED_ALIGN_MAX_PAIRS  # the fused path
+    assert pairs <= moe.FUSED_ALIGN_MAX_PAIRS  # (the sizes align_pairs runs it at)
     if routing == "one":
         ids = torch.full((tokens, top_k), experts - 3)
     elif routing == "all":
@@ -125,7 +126,7 @@ def test_fused_align_equals_torch_align(
     else:
         ids = torch.randint(0, experts, (tokens, top_k))
     ids = ids.to(dtype)
-    fused = moe.align_pairs(ids, experts, block_m)
+    fused = moe._align_pairs_fused(ids, experts, block_m)
     torch_ = moe._align_pairs_torch(ids, experts, block_m)
     for name, got, want in zip(moe.MoeAlignment._fields, fused, torch_, strict=True):
         assert got.dtype == want.dtype == torch.int32, f"{name}: {got.dtype}, {want.dtype}"
