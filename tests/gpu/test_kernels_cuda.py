@@ -1,6 +1,6 @@
-"""The dense kernels on CUDA at real shapes against the float32 references: norms, SiLU-and-mul,
-the skinny GEMV, split sums, programmatic dependent chains, the grammar mask and argmax. Skipped
-without CUDA."""
+"""The dense kernels on CUDA at real shapes against the float32 references: norms (QK-norm per
+head too), SiLU-and-mul, the skinny GEMV, split sums, programmatic dependent chains, the grammar
+mask and argmax. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -31,6 +31,21 @@ def test_rmsnorm_and_fused_add() -> None:
     wk.fused_add_rmsnorm(x, res, w, 1e-5)
     assert_close(res, res_want, 1e-2)
     assert_close(x, x_want, 1e-2)
+
+
+def test_heads_rmsnorm_in_place_equals_rmsnorm_per_head() -> None:
+    """Qwen3-30B-A3B's QK-norm (32 q / 4 kv heads of 128) over a fused QKV output's views."""
+    tokens, q_heads, kv_heads, dim = 64, 32, 4, 128
+    qkv = torch.randn(tokens, (q_heads + 2 * kv_heads) * dim, dtype=torch.bfloat16, device=DEV)
+    q, k, v = qkv.split([q_heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k = q.view(tokens, q_heads, dim), k.view(tokens, kv_heads, dim)
+    wq = (1 + 0.1 * torch.randn(dim, device=DEV)).to(torch.bfloat16)
+    wk_ = (1 + 0.1 * torch.randn(dim, device=DEV)).to(torch.bfloat16)
+    want_q = wk.rmsnorm(q.reshape(-1, dim), wq, 1e-6).view(q.shape)
+    want_k = wk.rmsnorm(k.reshape(-1, dim), wk_, 1e-6).view(k.shape)
+    v_before = v.clone()
+    wk.heads_rmsnorm_(q, k, wq, wk_, 1e-6)
+    assert torch.equal(q, want_q) and torch.equal(k, want_k) and torch.equal(v, v_before)
 
 
 def test_silu_and_mul() -> None:
