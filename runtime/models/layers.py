@@ -135,18 +135,17 @@ class RMSNorm(nn.Module):
         residual = x + residual
         return self.forward(residual), residual
 
+    def with_heads_of(
+        self, q: torch.Tensor, k_norm: RMSNorm, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(q), k_norm(k)) over heads, QK-norm: q [T, H, D], k [T, Hk, D]. Where both norms
+        run weft's kernels, one launch normalises the heads in place (views into the QKV output
+        stay where they are: flattening them for two rmsnorm launches would copy them first)."""
+        if self._kernels is not None and k_norm._kernels is not None and self.eps == k_norm.eps:
+            from weft.kernels.norm import heads_rmsnorm_
 
-def qk_norm(
-    q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q_norm(q), k_norm(k)) over heads: q [T, H, D], k [T, Hk, D]. Where both norms run
-    weft's kernels, one launch normalises the heads in place (views into the QKV output stay
-    where they are: flattening them for two rmsnorm launches would copy them first)."""
-    if q_norm._kernels is not None and k_norm._kernels is not None and q_norm.eps == k_norm.eps:
-        from weft.kernels.norm import heads_rmsnorm_
-
-        return heads_rmsnorm_(q, k, q_norm.weight, k_norm.weight, q_norm.eps)
-    return q_norm(q), k_norm(k)
+            return heads_rmsnorm_(q, k, self.weight, k_norm.weight, self.eps)
+        return self(q), k_norm(k)
 
 
 class GemmaRMSNorm(RMSNorm):

@@ -16,7 +16,6 @@ from weft.runtime.models.layers import (
     Projection,
     RMSNorm,
     RotaryEmbedding,
-    qk_norm,
     rope_parameters,
     silu_and_mul,
 )
@@ -73,7 +72,7 @@ class LlamaAttention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k = qk_norm(q, k, self.q_norm, self.k_norm)
+            q, k = self.q_norm.with_heads_of(q, self.k_norm, k)
         if self.rotary.stores_kv and attn.rotates(batch):  # the decode kernel rotates, stores
             out = attn.forward_rotating(q, k, v, self.layer, batch, self.scale,
                                         self.rotary.cos_sin, prefetch=self.o_proj.prefetch_tensor,

@@ -4,11 +4,11 @@ clock that times them."""
 
 from __future__ import annotations
 
-import time
-
+import pytest
 from kv_helpers import make_req
 
 from weft.runtime.executor.batch import Batch, ForwardMode
+from weft.runtime.scheduler import stats
 from weft.runtime.scheduler.ngram import NgramDrafter
 from weft.runtime.scheduler.speculative import (
     REVISIT_EVERY,
@@ -18,7 +18,6 @@ from weft.runtime.scheduler.speculative import (
     StepCosts,
     size_class,
 )
-from weft.runtime.scheduler.stats import StepClock
 
 
 def drafter_for(tokens: list[int], lo: int = 1, hi: int = 4) -> NgramDrafter:
@@ -104,24 +103,29 @@ def test_step_costs_choose_the_faster_kind_and_revisit() -> None:
     assert costs.speculate(1)  # another class measures for itself
 
 
-def test_step_clock_charges_a_verify_steps_drafting_to_it_not_to_the_step_before() -> None:
+def test_step_clock_charges_a_verify_steps_drafting_to_it_not_to_the_step_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The draft model's proposals run while the verify step is built, after the plain step
     before it launched: timed launch to launch, they would make that plain step look slow."""
+    now = [100.0]
+    monkeypatch.setattr(stats.time, "perf_counter", lambda: now[0])
     seen: list[tuple[str, int, float]] = []
-    clock = StepClock()
+    clock = stats.StepClock()
     clock.listener = lambda kind, size, seconds: seen.append((kind, size, seconds))
     plain = Batch(ForwardMode.DECODE, [make_req("a", [1, 2])], [1])
     verify = Batch(ForwardMode.EXTEND, [make_req("b", [1, 2])], [3], drafts=[[5, 6]])
     clock.launching(plain)
-    time.sleep(0.05)  # 20 ms of the plain step, then 30 ms drafting for the verify step
+    now[0] += 0.05  # 20 ms of the plain step, then 30 ms drafting for the verify step
     clock.launching(verify, prepared_s=0.03)
-    time.sleep(0.01)
+    now[0] += 0.01
     clock.launching(None)
-    (k1, n1, plain_s), (k2, n2, verify_s) = seen
-    assert (k1, n1, k2, n2) == ("decode", 1, "verify", 1)
-    assert 0.015 < plain_s < 0.03, plain_s
-    assert 0.035 < verify_s < 0.06, verify_s
+    assert [(k, n) for k, n, _ in seen] == [("decode", 1), ("verify", 1)]
+    assert [round(t, 6) for _, _, t in seen] == [0.02, 0.04]
     assert clock.counts["decode_steps"] == clock.counts["verify_steps"] == 1
+    # (whole microseconds, truncated)
+    assert abs(clock.counts["decode_us"] - 20_000) <= 1
+    assert abs(clock.counts["verify_us"] - 40_000) <= 1
 
 
 def test_step_costs_are_not_held_by_one_slow_first_step() -> None:

@@ -174,9 +174,8 @@ async def _chat_chunks(
 ) -> AsyncGenerator[dict[str, Any], None]:
     """Per index: a role chunk, reasoning_content chunks (with a reasoning parser), content
     chunks and tool-call chunks (each call whole, in one delta, once its JSON is complete, with
-    its arguments' schema_valid), then
-    one chunk with an empty delta that carries finish_reason and matched_stop; an optional usage
-    chunk (choices: []) at the end."""
+    its arguments' schema_valid), then one chunk with an empty delta that carries finish_reason
+    and matched_stop; an optional usage chunk (choices: []) at the end."""
     metas: dict[int, dict[str, Any]] = {}
     parsers: dict[int, ToolCallParser | None] = {}
     splitters: dict[int, ReasoningStream] = {}
