@@ -54,7 +54,9 @@ def run(args: argparse.Namespace, ceiling: float) -> None:
         summary(ceiling)
     elif what == "decode":
         import kernel_decode as kd
+        import kernel_util
 
+        kernel_util.KV_HEADS = args.kv_heads  # (read by decode_setup / decode_bytes / splits)
         bench = (
             kd.bench_splits
             if args.splits
@@ -118,6 +120,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     dec.add_argument("--fp8", action="store_true", help="an fp8 (e4m3) pool (default kv 1536)")
     dec.add_argument("--batches", type=int, nargs="+")
     dec.add_argument("--kv-len", type=int, help="tokens per request (2048; fp8: 1536)")
+    dec.add_argument("--kv-heads", type=int, default=8,
+                     help="kv heads of 32 q heads (8: Llama-3.1-8B; 4: Qwen3-30B-A3B)")  # fmt: skip
     mode = dec.add_mutually_exclusive_group()
     mode.add_argument("--splits", action="store_true", help="per split count, in a graph")
     mode.add_argument("--launches", action="store_true", help="tiles, warps, stages swept")

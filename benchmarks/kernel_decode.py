@@ -8,6 +8,7 @@ import argparse
 import sys
 from typing import Any
 
+import kernel_util
 import torch
 from kernel_util import (
     DEV,
@@ -37,7 +38,8 @@ def bench_decode(ceiling: float, fp8: bool, batches: list[int], kv_len: int) -> 
     the same pool; over fp8 also V's conversion sunk into the dot operand instead of staged (the
     default), its output checked against the staged one."""
     dtype, kv_bytes, name = pool(fp8)
-    print(f"\ndecode attention, {name} pool, kv {kv_len}, 32 q / 8 kv heads, d=128, page 16: "
+    print(f"\ndecode attention, {name} pool, kv {kv_len}, {kernel_util.HEADS} q / "
+          f"{kernel_util.KV_HEADS} kv heads, d=128, page 16: "
           "the runtime's launch | FlashInfer 0.5.3 (tensor cores)")  # fmt: skip
     for bsz in batches:
         args = decode_setup(bsz, kv_len, dtype)
@@ -59,7 +61,8 @@ def bench_splits(ceiling: float, fp8: bool, batches: list[int], kv_len: int) -> 
     split-count model (kernels/splits.py) is fitted to. * = the model's pick."""
     dtype, kv_bytes, name = pool(fp8)
     grid = (1, 2, 4, 8, 16, 32, 64)
-    print(f"\ndecode attention in a CUDA graph, {name} pool, kv {kv_len}: us and % of copy per "
+    print(f"\ndecode attention in a CUDA graph, {name} pool, kv {kv_len}, {kernel_util.HEADS} q / "
+          f"{kernel_util.KV_HEADS} kv heads: us and % of copy per "
           f"split count {grid}; * = the runtime's pick")  # fmt: skip
     for bsz in batches:
         nbytes = decode_bytes(bsz, kv_len, kv_bytes)

@@ -190,13 +190,13 @@ def drive(sched: Scheduler, reqs: list[tuple[str, list[int], SamplingParams]]) -
 
 def run_variant(
     model: str, name: str, kwargs: dict[str, Any], work: dict[str, list[TraceReq]],
-    batches: list[int], replay: bool,
+    batches: list[int], replay: bool, profile: bool = False,
 ) -> tuple[list[Row], dict[str, list[int]], dict[str, list[Step]]]:  # fmt: skip
     """Every workload at every batch size on one in-process engine of `kwargs`: the rows, each
     request's output ids and its verify steps (rid '{workload}/{batch}/{j}')."""
     hooks = Hooks({} if replay and is_speculative(kwargs) else None)
     with hooked(hooks):
-        rows, outputs = _run(model, name, kwargs, work, batches, replay, hooks)
+        rows, outputs = _run(model, name, kwargs, work, batches, replay, hooks, profile)
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -205,7 +205,7 @@ def run_variant(
 
 def _run(
     model: str, name: str, kwargs: dict[str, Any], work: dict[str, list[TraceReq]],
-    batches: list[int], replay: bool, hooks: Hooks,
+    batches: list[int], replay: bool, hooks: Hooks, profile: bool = False,
 ) -> tuple[list[Row], dict[str, list[int]]]:  # fmt: skip
     config = EngineConfig(model=model, **kwargs)
     sched = Scheduler(config, prepare(config).model_path, None)
@@ -229,7 +229,8 @@ def _run(
             row = Row(wname, b, name, requests=n)
             for i in range(0, n, b):
                 t0 = time.perf_counter()
-                done = drive(sched, reqs[i : i + b])
+                with profiled(profile and i == 0, f"{name} {wname} bs{b}, first wave"):
+                    done = drive(sched, reqs[i : i + b])
                 row.wall_s += time.perf_counter() - t0
                 for rid, _, _ in reqs[i : i + b]:
                     why = done[rid].finish
@@ -244,8 +245,44 @@ def _run(
                 row.accepted += sum(a for _, _, a in steps)
             rows.append(row)
             print(f"  {name} {wname} bs{b}: {row.tok_s:.2f} tok/s, {row.verify_steps} verify "
-                  f"steps, {row.accepted}/{row.drafted} drafts accepted", flush=True)  # fmt: skip
+                  f"steps, {row.accepted}/{row.drafted} drafts accepted{costs_seen(sched, b)}",
+                  flush=True)  # fmt: skip
     return rows, outputs
+
+
+@contextmanager
+def profiled(on: bool, title: str) -> Iterator[None]:
+    """torch.profiler around the block when `on`: its kernels and host ops, by total time."""
+    if not on:
+        yield
+        return
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=acts) as prof:
+        yield
+    key = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    print(
+        f"\nprofile: {title}, by {key}\n"
+        + prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60)
+    )
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20,
+                                    max_name_column_width=60))  # fmt: skip
+
+
+def costs_seen(sched: Scheduler, batch: int) -> str:
+    """What the speculation policy (StepCosts) last knew of `batch`'s size class: its recent
+    plain and verify step times and tokens per request per verify step."""
+    if sched.speculator is None:
+        return ""
+    c = sched.speculator.costs.classes.get(speculative_module.size_class(batch))
+    if c is None:
+        return ""
+    ms = [", ".join(f"{s * 1e3:.1f}" for s in samples) for samples in (c.decode, c.verify)]
+    return (
+        f"; StepCosts: plain [{ms[0]}] ms, verify [{ms[1]}] ms, "
+        f"{c.tokens_per_req or 0:.2f} tokens per verify"
+    )
 
 
 ##### Modes #####
@@ -293,14 +330,15 @@ def replay(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
         work.setdefault(r["workload"], []).append(TraceReq(r["workload"], r["input_ids"],
                                                            r["output_len"], steps))  # fmt: skip
     base = merge_kwargs({"load_format": "dummy", "skip_tokenizer_init": True}, args.engine_arg)
-    rows = run_variant(args.model, "plain", base, work, args.batches, True)[0]
+    rows = run_variant(args.model, "plain", base, work, args.batches, True, args.profile)[0]
     for name, kw in doc["variants"].items():
         kw = dict(kw)
         if "speculative_draft_model_path" in kw:
             if args.draft_model is None:
                 raise SystemExit(f"variant {name} runs a draft model: pass --draft-model CONFIG")
             kw["speculative_draft_model_path"] = args.draft_model
-        rows += run_variant(args.model, name, merge_kwargs(base, kw), work, args.batches, True)[0]
+        rows += run_variant(args.model, name, merge_kwargs(base, kw), work, args.batches, True,
+                            args.profile)[0]  # fmt: skip
     return rows, doc
 
 
@@ -342,6 +380,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sharegpt", type=Path, default=SHAREGPT)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, help="a JSON of the rows, with the command")
+    ap.add_argument("--profile", action="store_true",
+                    help="replay: torch.profiler tables of each variant's first wave")  # fmt: skip
     args = ap.parse_args(argv)
     args.engine_arg = parse_kv(args.engine_arg)
     try:
