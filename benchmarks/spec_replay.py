@@ -183,6 +183,7 @@ def drive(sched: Scheduler, reqs: list[tuple[str, list[int], SamplingParams]]) -
         sched.apply(Inbox([], [], []))
         sched.process_results(sched.launch(sched.schedule()))
     sched.settle()
+    sched.clock.idle()  # (as the process loop does with nothing to do: no step spans the gap)
     if sched.runner.device.type == "cuda":
         torch.cuda.synchronize()
     return done
