@@ -202,9 +202,13 @@ def check_arguments(plan: ToolPlan, entries: list[dict[str, Any]]) -> None:
     here), and unless true `schema_error`; entries of a function without parameters are left as
     they are. Blocking: run it on a tokenizer thread."""
     params = plan.parameters()
+    texts: dict[str, str] = {}  # each function's schema serialised once
     for entry in entries:
         function = entry.get("function") or {}
-        schema = params.get(str(function.get("name")))
+        name = str(function.get("name"))
+        schema = params.get(name)
         if schema is not None:
+            if name not in texts:
+                texts[name] = json.dumps(schema, sort_keys=True)
             arguments = function.get("arguments") or ""
-            entry.update(check_output(json.dumps(schema, sort_keys=True), arguments).meta())
+            entry.update(check_output(texts[name], arguments).meta())
