@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import check_tensor
+from .common import FLOATS, check_tensor
 
 BLOCK = 1024
 
@@ -37,8 +37,7 @@ def silu_and_mul(
     tokens, width = gate_up.shape
     assert width % 2 == 0, f"gate_up width {width} is odd"
     inter = width // 2
-    floats = (torch.float16, torch.bfloat16, torch.float32)
-    check_tensor(gate_up, "gate_up", (tokens, width), floats)
+    check_tensor(gate_up, "gate_up", (tokens, width), FLOATS)
     if out is None:
         out = torch.empty(tokens, inter, dtype=gate_up.dtype, device=gate_up.device)
     check_tensor(out, "out", (tokens, inter), (gate_up.dtype,), gate_up.device)

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import check_tensor
+from .common import FLOATS, check_tensor
 
 CHUNK = 2048
 NO_NAN = 2**31 - 1  # a chunk's first-NaN index when it has none
@@ -67,7 +67,7 @@ def _argmax_merge_kernel(  # type: ignore[no-untyped-def]
 def argmax_rows(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """int64 [B]: the index of each row's maximum in x [B, V], as torch.argmax(x, -1) gives it
     (the first of equal maxima; a row with NaN gives its first NaN). Returns out."""
-    check_tensor(x, "x", (None, None), (torch.float16, torch.bfloat16, torch.float32))
+    check_tensor(x, "x", (None, None), FLOATS)
     bsz, vocab = x.shape
     if vocab == 0 or vocab >= NO_NAN:
         raise ValueError(f"argmax_rows: a row must have 1 to {NO_NAN - 1} entries, got {vocab}")

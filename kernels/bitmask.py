@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INDEX_DTYPES, check_tensor
+from .common import FLOATS, INDEX_DTYPES, check_tensor
 
 BLOCK = 2048
 
@@ -56,7 +56,7 @@ def apply_token_bitmask(
     bsz, vocab = logits.shape
     num_bitmask, width = bitmask.shape
     dev = logits.device
-    check_tensor(logits, "logits", (bsz, vocab), (torch.float16, torch.bfloat16, torch.float32))
+    check_tensor(logits, "logits", (bsz, vocab), FLOATS)
     check_tensor(bitmask, "bitmask", (num_bitmask, width), (torch.int32,), dev)
     num_masks = num_bitmask if mask_rows is None else mask_rows.numel()
     if mask_rows is not None:

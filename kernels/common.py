@@ -7,6 +7,7 @@ import functools
 import torch
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)  # the activations' dtypes kernels take
 FP8_KV = torch.float8_e4m3fn  # an fp8 KV pool: stored saturated at +-FP8_MAX, read back upcast
 FP8_MAX = 448.0
 

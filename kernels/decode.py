@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .arrivals import arrival_counters
 from .attend import LOG2E, _attend, fp8_v_staging, fp16_dots
-from .common import FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor, kv_dtypes
+from .common import FLOATS, FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor, kv_dtypes
 from .l2 import L2Prefetch, prefetch_l2_part
 from .rotary import _rope_neox, _to_pool
 from .shared_prefix import SharedPrefix, shared_prefix_splits
@@ -284,7 +284,7 @@ def decode_attention(
     bsz, heads, dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     dev = q.device
-    check_tensor(q, "q", (bsz, heads, dim), (torch.float16, torch.bfloat16, torch.float32), dev)
+    check_tensor(q, "q", (bsz, heads, dim), FLOATS, dev)
     check_tensor(k_buffer, "k_buffer", (None, num_kv_heads, dim), kv_dtypes(q.dtype), dev)
     check_tensor(v_buffer, "v_buffer", tuple(k_buffer.shape), (k_buffer.dtype,), dev)
     check_tensor(req_to_token, "req_to_token", (None, None), INDEX_DTYPES, dev)

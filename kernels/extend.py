@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .attend import LOG2E, _e4m3_to_f16_here, fp8_v_staging, fp16_dots
-from .common import FP8_KV, INDEX_DTYPES, check_tensor, kv_dtypes
+from .common import FLOATS, FP8_KV, INDEX_DTYPES, check_tensor, kv_dtypes
 
 
 @triton.jit
@@ -245,7 +245,7 @@ def extend_attention(
     bsz = req_rows.shape[0]
     num_kv_heads = k.shape[1]
     dev = q.device
-    check_tensor(q, "q", (tokens, heads, dim), (torch.float16, torch.bfloat16, torch.float32), dev)
+    check_tensor(q, "q", (tokens, heads, dim), FLOATS, dev)
     check_tensor(k, "k", (tokens, num_kv_heads, dim), (q.dtype,), dev)
     check_tensor(v, "v", (tokens, num_kv_heads, dim), (q.dtype,), dev)
     check_tensor(k_buffer, "k_buffer", (None, num_kv_heads, dim), kv_dtypes(q.dtype), dev)

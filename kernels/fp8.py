@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import FP8_MAX, check_tensor
+from .common import FLOATS, FP8_MAX, check_tensor
 
 FP8 = torch.float8_e4m3fn  # weights and activations (the KV pool's FP8_KV is the same type)
 SCALE_EPS = 1e-12  # floor of an amax: an all-zero row gets a tiny scale, not a division by zero
@@ -126,7 +126,7 @@ def quantize_activations(
     rows, width = x.shape
     k = width // 2 if silu_mul else width
     assert not silu_mul or width == 2 * k, f"silu_mul: x has an odd width {width}"
-    check_tensor(x, "x", (rows, width), (torch.float16, torch.bfloat16, torch.float32))
+    check_tensor(x, "x", (rows, width), FLOATS)
     q = torch.empty(rows, k, dtype=FP8, device=x.device)
     if static_scale is None:
         scale = torch.empty(rows, dtype=torch.float32, device=x.device)

@@ -10,7 +10,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .arrivals import arrival_counters
-from .common import check_tensor, supports_pdl
+from .common import FLOATS, check_tensor, supports_pdl
 from .fp8 import fp8_linear_ref, quantize_activations
 from .skinny import GemvLaunch, _finish, _split_sum_kernel, supports_gemv
 
@@ -111,8 +111,7 @@ def fp8_gemv(
         raise ValueError(f"fp8_gemv needs a GPU of compute capability 8.0+, got {weight.device}")
     check_tensor(weight, "weight", (n, k), (FP8,))
     assert weight.is_contiguous(), "fp8_gemv: weight must be contiguous"
-    floats = (torch.float16, torch.bfloat16, torch.float32)
-    check_tensor(x, "x", (rows, width), floats, weight.device)
+    check_tensor(x, "x", (rows, width), FLOATS, weight.device)
     check_tensor(weight_scale, "weight_scale", (n,), (torch.float32,), weight.device)
     if bias is not None:
         check_tensor(bias, "bias", (n,), (x.dtype,), weight.device)

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import check_tensor
+from .common import FLOATS, check_tensor
 from .gguf import block_type
 
 MAX_ROWS = 64  # rows of x the fused kernel serves (more: dequantize, then a dense GEMM)
@@ -217,7 +217,7 @@ def matmul(
         raise ValueError(f"gguf matmul serves 1..{MAX_ROWS} rows, got {rows}")
     check_tensor(blocks, "blocks", (n, t.row_bytes(k)), (torch.uint8,))
     assert blocks.is_contiguous(), "gguf matmul: blocks must be contiguous"
-    check_tensor(x, "x", (rows, k), (torch.float16, torch.bfloat16, torch.float32), blocks.device)
+    check_tensor(x, "x", (rows, k), FLOATS, blocks.device)
     if bias is not None:
         check_tensor(bias, "bias", (n,), None, blocks.device)
     if out is None:

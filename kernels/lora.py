@@ -9,10 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INDEX_DTYPES, check_tensor
+from .common import FLOATS, INDEX_DTYPES, check_tensor
 from .moe import align_pairs
 
-FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 NO_LORA = -1  # a token's slot when it runs the base model alone: no tile, no weight read
 
 

@@ -9,9 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import INDEX_DTYPES, check_tensor
+from .common import FLOATS, INDEX_DTYPES, check_tensor
 
-FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 FUSED_ALIGN_MAX_PAIRS = 1024  # align_pairs runs _align_kernel up to this many (token, slot) pairs
 _ALIGN_TILE = 4096  # elements of _align_kernel's [pairs, experts] one-hot tiles (registers)
 

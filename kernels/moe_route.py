@@ -6,11 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import check_tensor
+from .common import FLOATS, check_tensor
 from .skinny import GemvLaunch
-
-FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-
 
 ##### Public API #####
 

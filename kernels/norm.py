@@ -7,9 +7,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .common import check_tensor, supports_pdl
+from .common import FLOATS, check_tensor, supports_pdl
 
-FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HIDDEN = 65536
 
 

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor
+from .common import FLOATS, FP8_KV, FP8_MAX, INDEX_DTYPES, check_tensor
 
 
 def cos_sin_cache(inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:
@@ -149,9 +149,8 @@ def rotary_embedding(
     tokens, heads, dim = q.shape
     num_kv_heads = k.shape[1]
     dev = q.device
-    floats = (torch.float16, torch.bfloat16, torch.float32)
     check_tensor(positions, "positions", (tokens,), INDEX_DTYPES, dev)
-    check_tensor(q, "q", (tokens, heads, dim), floats, dev)
+    check_tensor(q, "q", (tokens, heads, dim), FLOATS, dev)
     check_tensor(k, "k", (tokens, num_kv_heads, dim), (q.dtype,), dev)
     check_tensor(cos_sin_cache, "cos_sin_cache", (None, None), (torch.float32,), dev)
     rot = cos_sin_cache.shape[1]

@@ -11,7 +11,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .arrivals import arrival_counters
-from .common import check_tensor, supports_pdl
+from .common import FLOATS, check_tensor, supports_pdl
 
 MAX_ROWS = 16  # rows of x one launch serves (x^T is a dot operand padded to 16 columns)
 
@@ -205,8 +205,7 @@ def gemv(
                          f"{2 * k if silu_mul else k}{' (gate | up)' if silu_mul else ''}")  # fmt: skip
     if not supports_gemv(weight.device):
         raise ValueError(f"gemv needs a GPU of compute capability 8.0+, got {weight.device}")
-    floats = (torch.float16, torch.bfloat16, torch.float32)
-    check_tensor(weight, "weight", (n, k), floats)
+    check_tensor(weight, "weight", (n, k), FLOATS)
     assert weight.is_contiguous(), "gemv: weight must be contiguous"
     check_tensor(x, "x", (rows, width), (weight.dtype,), weight.device)
     if bias is not None:
