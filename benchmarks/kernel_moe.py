@@ -2,7 +2,7 @@
 the bytes it must move against the copy ceiling measured in the same run; fused_moe also back to
 back in a CUDA graph (no launch cost: what a captured decode step pays; the same weights each
 call, so the L2 may hold some of them where they are small); and align_pairs alone in a CUDA graph,
-its one-launch _align_kernel against its ~20 torch ops; and the router's GEMV against cuBLAS.
+its one-launch _align_kernel against its ~20 torch ops.
 
     python benchmarks/kernel_moe.py                                 # Qwen3-30B-A3B, T 1 8 64 256
     python benchmarks/kernel_moe.py --experts 8 --top-k 2 --hidden 4096 --inter 14336  # Mixtral
@@ -84,42 +84,6 @@ def bench_align(experts: int, top_k: int, hidden: int, inter: int, tokens_list: 
               f"saved {torch_us - fused_us:6.1f} us", flush=True)  # fmt: skip
 
 
-def bench_router(experts: int, hidden: int, tokens_list: list[int]) -> None:
-    """One line per token count up to the GEMV's rows: the router's [E, H] projection in a graph
-    over 128 routers (more bytes than the L2 holds, as in a step), cuBLAS (F.linear) against the
-    skinny GEMV under router_launch (*) and the launches around it, checked against cuBLAS."""
-    import torch.nn.functional as F
-
-    from weft.kernels.moe_route import router_launch
-    from weft.kernels.skinny import MAX_ROWS, GemvLaunch, gemv
-
-    routers = [torch.randn(experts, hidden, device=DEV).div_(hidden**0.5).bfloat16()
-               for _ in range(128)]  # fmt: skip
-    pick = router_launch(experts, hidden)
-    launches = [pick] + [GemvLaunch(block_n=bn, block_k=bk, split_k=s, num_warps=w)
-                         for bn in (16, 32) for bk in (64, 128, 256) for s in (1, 2, 4, 8, 16)
-                         for w in (2, 4) if hidden // s >= bk]  # fmt: skip
-    launches = list(dict.fromkeys(launches))
-    print(f"\nrouter [{experts}, {hidden}] in a graph over {len(routers)} routers (us):")
-    for tokens in [t for t in tokens_list if t <= MAX_ROWS]:
-        x = torch.randn(tokens, hidden, device=DEV).bfloat16()
-
-        def cycle(fn, routers=routers, x=x):  # type: ignore[no-untyped-def]
-            it = iter(range(1 << 30))
-            return lambda: fn(x, routers[next(it) % len(routers)])
-
-        cublas = graph_us(cycle(F.linear), calls=len(routers))
-        times = {}
-        for launch in launches:
-            got = gemv(x, routers[0], launch=launch).float()
-            want = F.linear(x, routers[0]).float()
-            assert torch.allclose(got, want, atol=2e-2, rtol=2e-2), f"{launch} differs"
-            times[launch] = graph_us(cycle(partial(gemv, launch=launch)), calls=len(routers))
-        best = min(times, key=times.__getitem__)
-        print(f"  T {tokens:2}: cuBLAS {cublas:5.1f} | router_launch* {times[pick]:5.1f} | best "
-              f"{times[best]:5.1f} {best}", flush=True)  # fmt: skip
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -128,7 +92,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--top-k", type=int, default=8, help="K (Qwen3-30B-A3B: 8)")
     ap.add_argument("--hidden", type=int, default=2048, help="H (Qwen3-30B-A3B: 2048)")
     ap.add_argument("--inter", type=int, default=768, help="I per expert (Qwen3-30B-A3B: 768)")
-    ap.add_argument("--router", action="store_true", help="only the router's GEMV vs cuBLAS")
     args = ap.parse_args(argv)
     if not 1 <= args.top_k <= args.experts:
         ap.error(f"--top-k must be in [1, --experts], got {args.top_k} of {args.experts}")
@@ -146,10 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = local_copy_bandwidth() / 1e9
     print(f"{device_name()}, torch {torch.__version__}")
     print(f"device-to-device copy: {ceiling:,.0f} GB/s (read + write)", flush=True)
-    if not args.router:
-        bench_moe(ceiling, args.experts, args.top_k, args.hidden, args.inter, args.tokens)
-        bench_align(args.experts, args.top_k, args.hidden, args.inter, args.tokens)
-    bench_router(args.experts, args.hidden, args.tokens)
+    bench_moe(ceiling, args.experts, args.top_k, args.hidden, args.inter, args.tokens)
+    bench_align(args.experts, args.top_k, args.hidden, args.inter, args.tokens)
     return 0
 
 

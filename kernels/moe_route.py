@@ -7,7 +7,6 @@ import triton
 import triton.language as tl
 
 from .common import FLOATS, check_tensor
-from .skinny import GemvLaunch
 
 ##### Public API #####
 
@@ -36,14 +35,6 @@ def route_topk(
             num_warps=1 if block_e <= 256 else 4,
         )  # fmt: skip
     return weights, ids
-
-
-def router_launch(experts: int, hidden: int) -> GemvLaunch:
-    """The skinny GEMV's launch for a router's [E, H] matrix at decode batches: E is small (128
-    for Qwen3-30B-A3B, 8 for Mixtral), so rows go 16 to a program and H is split for enough
-    programs to draw the bandwidth (`python benchmarks/kernel_moe.py --router`)."""
-    split = max(1, min(8, hidden // 512))
-    return GemvLaunch(block_n=16, block_k=128, split_k=split, num_warps=4, num_stages=4)
 
 
 ##### Internal Helper Functions #####

@@ -29,24 +29,14 @@ _PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up",
 
 class Router(nn.Module):
     """The router: a plain [E, H] matrix in the model's dtype (never quantized, never a GEMV
-    plan's Projection: its launch is router_launch's), replicated on every tensor-parallel
-    rank."""
+    plan's Projection), replicated on every tensor-parallel rank."""
 
     def __init__(self, num_experts: int, hidden: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden))
 
-    def forward(self, x: torch.Tensor, gemv: GemvPlan | None = None) -> torch.Tensor:
-        # [T, H] -> [T, E]; where the step's plan runs GEMVs, the router does too (cuBLAS
-        # spreads an [E, H] GEMM of one row over too few blocks: benchmarks/kernel_moe.py)
-        if gemv is not None and gemv.launches:
-            from weft.kernels.moe_route import router_launch
-            from weft.kernels.skinny import MAX_ROWS
-            from weft.kernels.skinny import gemv as skinny_gemv
-
-            if x.shape[0] <= MAX_ROWS:
-                return skinny_gemv(x, self.weight, launch=router_launch(*self.weight.shape))
-        return F.linear(x, self.weight)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)  # [T, H] -> [T, E]
 
 
 class Experts(nn.Module):
@@ -93,7 +83,7 @@ class SparseMoeBlock(nn.Module):
             from weft.kernels.moe import fused_moe
             from weft.kernels.moe_route import route_topk
 
-            weights, ids = route_topk(self.gate(x, gemv), self.top_k, self.renormalize)
+            weights, ids = route_topk(self.gate(x), self.top_k, self.renormalize)  # [T, K] each
             out = fused_moe(x, w13, w2, weights, ids)
         else:
             weights, ids = select_experts(self.gate(x), self.top_k, self.renormalize)

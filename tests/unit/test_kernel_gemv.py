@@ -86,21 +86,3 @@ def test_gemv_refuses_what_it_cannot_serve() -> None:
     with pytest.raises(ValueError, match="num_stages"):
         wk.GemvLaunch(num_stages=0)
     assert wk.skinny.supports_gemv(torch.device("cpu"))  # the interpreter runs it anywhere
-
-
-@pytest.mark.parametrize("experts, hidden, rows", [(16, 2048, 1), (8, 1024, 3), (24, 512, 16)])
-@interpreted
-def test_the_moe_router_launch(experts: int, hidden: int, rows: int) -> None:
-    """The MoE router's GEMV launch (moe_route.router_launch: 16 rows a program, H split, the
-    last split to arrive summing) at router-like shapes: E rows of a few thousand columns."""
-    import importlib
-
-    launch = importlib.import_module("_weft_kernels_interpreted.moe_route").router_launch(
-        experts, hidden
-    )
-    assert launch.block_n == 16 and launch.split_k == max(1, min(8, hidden // 512))
-    x = torch.randn(rows, hidden)
-    weight = torch.randn(experts, hidden) / hidden**0.5
-    out = torch.full((rows, experts), NAN)
-    wk.gemv(x, weight, out=out, launch=launch)
-    assert_close(out, ref.gemv_ref(x, weight, None, False), TOL[torch.float32])
