@@ -1,13 +1,16 @@
 """Random LoRA adapters for the benchmarks: PEFT folders for offline.py's `lora` mode (one adapter
 of the model's shapes on every projection, written once, and hard-linked copies under other names:
-the values do not change a step's time; each name still takes its own pool slot), and adapters
-made on the device in a runner's pool for step.py's decode and profile steps."""
+the values do not change a step's time; each name still takes its own pool slot), adapters made on
+the device in a runner's pool for step.py's decode and profile steps, and step.py's `lora_launch`
+(another launch for the LoRA kernels at decode batches, to compare launches step against step)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -96,3 +99,40 @@ def spread_adapters(batch: Batch, names: list[str]) -> Batch:
     for i, req in enumerate(batch.reqs):
         req.lora_path = names[i % len(names)] if names else None
     return batch
+
+
+@contextmanager
+def forced_lora_launch(spec: str | None) -> Iterator[None]:
+    """Benchmarks only: while inside, decode-sized LoRA batches (<= 128 tokens) run the launch
+    `spec` = "BLOCK_N/N_ITERS/WARPS[/SPLIT_DIV]" instead of kernels.lora.default_launch's: its
+    expand tiles of BLOCK_N columns walked N_ITERS at a time under WARPS warps, and its shrink
+    split default_launch's way divided by SPLIT_DIV (1). A runner built inside captures its
+    graphs with it. None: the default."""
+    if spec is None:
+        yield
+        return
+    from weft.kernels import lora
+
+    try:
+        block_n, n_iters, warps, *rest = (int(v) for v in str(spec).split("/"))
+        div = rest[0] if rest else 1
+        if len(rest) > 1 or div < 1:
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"lora_launch: expected BLOCK_N/N_ITERS/WARPS[/SPLIT_DIV], got {spec!r}"
+        ) from None
+    default = lora.default_launch
+
+    def launch(tokens: int, in_dim: int, block_m: int) -> lora.LoraLaunch:
+        base = default(tokens, in_dim, block_m)
+        if tokens > 128:
+            return base
+        return lora.LoraLaunch(max(1, base.split_k // div), base.block_k, block_n, n_iters, warps)
+
+    launch(1, 4096, 16)  # (a bad value fails here, before any runner)
+    lora.default_launch = launch  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        lora.default_launch = default  # type: ignore[assignment]

@@ -9,7 +9,8 @@ where a step's time goes.
     python benchmarks/step.py decode --config benchmarks/configs/qwen2.5-coder-1.5b \
         --batches 1 32 --variant "bf16:" --variant "gguf q4_k_m:quantization=gguf"
     python benchmarks/step.py decode --batches 1 64 --variant "base:" \
-        --variant "lora x8:enable_lora=true,max_lora_rank=16,max_loras_per_batch=8"
+        --variant "lora x8:enable_lora=true,max_lora_rank=16,max_loras_per_batch=8" \
+        --variant "lora x8 n1:enable_lora=true,max_lora_rank=16,max_loras_per_batch=8,lora_launch=64/1/4"
 
 Dummy bf16 weights of a real config (default benchmarks/configs/llama-3.1-8b), initialised on the
 GPU (`quantization=gguf` as a variant: random GGUF blocks in llama.cpp's Q4_K_M layout, kept
@@ -22,7 +23,9 @@ the step must read, (weights + the batch's KV) / the device-to-device copy bandw
 the same run; the input embedding counts only the batch's rows. A variant with `enable_lora`
 fills its LoRA pool with max_loras_per_batch random adapters of max_lora_rank on every projection
 and spreads each batch over all of them (request i under adapter i mod n): a mixed-adapter
-batch, beside the base model's step (which is also the merged adapter's: merging adds no work).
+batch, beside the base model's step (which is also the merged adapter's: merging adds no work);
+a variant's `lora_launch=BLOCK_N/N_ITERS/WARPS[/SPLIT_DIV]` (not an engine argument) runs the LoRA
+kernels of decode batches under that launch (offline_lora.forced_lora_launch).
 `prefill`: 1 × 1024 and 32 × 1024 tokens, TFLOP/s at 2 FLOP per weight per token. CUDA events,
 medians after warm-up. On a machine without CUDA (`--backends torch`, a tiny --config) both run as
 a smoke test against the CPU's copy.
@@ -50,7 +53,7 @@ from bench_utils import (
     merge_kwargs,
 )
 from bench_utils import parse_kv as parse_engine_args
-from offline_lora import random_adapters, spread_adapters
+from offline_lora import forced_lora_launch, random_adapters, spread_adapters
 from step_profile import add_profile_args, decode_batch, make_reqs, run_profile
 
 from weft.runtime.config import EngineConfig
@@ -169,28 +172,36 @@ def run_decode(args: argparse.Namespace, bandwidth: float) -> list[dict[str, Any
     for backend in args.backends:
         for name, over in variants(args):
             label = backend if name == "default" else f"{backend} {name}"
-            runner = None
+            over = dict(over)
             try:
-                runner = build_runner(merge_kwargs(engine_kwargs(backend, args, **sizes), over))
-                params, embed, row, tied = weight_sizes(runner)
-                kv = runner.pool.bytes_per_slot(hf.num_hidden_layers, runner.pool.num_kv_heads,
-                                                runner.pool.head_dim, runner.pool.k[0].dtype)  # fmt: skip
-                adapters = random_adapters(runner)
-                for b in args.batches:
-                    batch = spread_adapters(decode_batch(runner, b, args.context, hf.vocab_size),
-                                            adapters)  # fmt: skip
-                    t, t_pipe = timed(runner, batch, args.reps), pipelined(runner, batch, args.reps)
-                    weights = step_weight_bytes(params, embed, row, b, tied)
-                    roof = decode_roofline_s(weights, kv, b, args.context, bandwidth)
-                    rows.append(report({"backend": label, "attention": backend, "batch": b,
-                                        "context": args.context, "adapters": len(adapters),
-                                        "weights_MiB": params / 2**20,
-                                        "ms": t * 1e3, "pipelined_ms": t_pipe * 1e3,
-                                        "roofline_ms": roof * 1e3, "x_roofline": t_pipe / roof}))  # fmt: skip
+                with forced_lora_launch(over.pop("lora_launch", None)):
+                    rows += decode_rows(args, label, backend, merge_kwargs(
+                        engine_kwargs(backend, args, **sizes), over), hf, bandwidth)  # fmt: skip
             except Exception as e:  # report it and go on with the other backends
                 rows.append(report({"backend": label, "error": f"{type(e).__name__}: {e}"}))
-            runner = None
             release()
+    return rows
+
+
+def decode_rows(args: argparse.Namespace, label: str, backend: str, kwargs: dict[str, Any],
+                hf: Any, bandwidth: float) -> list[dict[str, Any]]:  # fmt: skip
+    """One runner of `kwargs`: a row per batch size."""
+    runner = build_runner(kwargs)
+    params, embed, row, tied = weight_sizes(runner)
+    kv = runner.pool.bytes_per_slot(hf.num_hidden_layers, runner.pool.num_kv_heads,
+                                    runner.pool.head_dim, runner.pool.k[0].dtype)  # fmt: skip
+    adapters = random_adapters(runner)
+    rows = []
+    for b in args.batches:
+        batch = spread_adapters(decode_batch(runner, b, args.context, hf.vocab_size), adapters)
+        t, t_pipe = timed(runner, batch, args.reps), pipelined(runner, batch, args.reps)
+        weights = step_weight_bytes(params, embed, row, b, tied)
+        roof = decode_roofline_s(weights, kv, b, args.context, bandwidth)
+        rows.append(report({"backend": label, "attention": backend, "batch": b,
+                            "context": args.context, "adapters": len(adapters),
+                            "weights_MiB": params / 2**20,
+                            "ms": t * 1e3, "pipelined_ms": t_pipe * 1e3,
+                            "roofline_ms": roof * 1e3, "x_roofline": t_pipe / roof}))  # fmt: skip
     return rows
 
 

@@ -110,3 +110,31 @@ def test_lora_variant_runs_a_mixed_adapter_batch(
     state = runner.lora.forward_state(batch, 4)
     assert state is not None and sorted(set(state.token_slots.tolist())) == [0, 1, 2]
     assert step.random_adapters(step.build_runner(step.engine_kwargs("torch", args))) == []
+
+
+def test_a_forced_lora_launch_holds_inside_only_and_refuses_bad_specs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from offline_lora import forced_lora_launch
+
+    from weft.kernels import lora as lora_kernels
+
+    default = lora_kernels.default_launch
+    with forced_lora_launch("128/1/8/2"):
+        got = lora_kernels.default_launch(64, 4096, 16)
+        want = default(64, 4096, 16)
+        assert (got.block_n, got.n_iters, got.num_warps) == (128, 1, 8)
+        assert (got.split_k, got.block_k) == (max(1, want.split_k // 2), want.block_k)
+        assert lora_kernels.default_launch(2048, 4096, 64) == default(2048, 4096, 64)  # prefill
+    assert lora_kernels.default_launch is default
+    for bad in ("64/1", "64/1/4/0", "64/x/4", "64/1/4/1/1", "48/1/4"):
+        with pytest.raises(ValueError), forced_lora_launch(bad):
+            pass
+        assert lora_kernels.default_launch is default
+    # in a step variant it is no engine argument (on CPU the LoRA kernels do not run)
+    bench_utils.write_config(tmp_path, hidden_size=32, intermediate_size=64, head_dim=8)
+    lora = "lora:enable_lora=true,max_lora_rank=4,max_loras_per_batch=2,lora_launch=64/1/4"
+    argv = ["decode", "--config", str(tmp_path), "--backends", "torch", "--batches", "2",
+            "--context", "12", "--reps", "2", "--variant", lora]  # fmt: skip
+    assert step.main(argv) == 0
+    assert "| torch lora | 2 × 12 |" in capsys.readouterr().out
