@@ -228,6 +228,7 @@ def _run(
             drive(sched, [(f"warm-{rid}", ids, warm) for rid, ids, _ in reqs[:b]])
             sched.flush_cache()
             row = Row(wname, b, name, requests=n)
+            before = dict(sched.clock.counts)
             for i in range(0, n, b):
                 t0 = time.perf_counter()
                 with profiled(profile and i == 0, f"{name} {wname} bs{b}, first wave"):
@@ -246,7 +247,8 @@ def _run(
                 row.accepted += sum(a for _, _, a in steps)
             rows.append(row)
             print(f"  {name} {wname} bs{b}: {row.tok_s:.2f} tok/s, {row.verify_steps} verify "
-                  f"steps, {row.accepted}/{row.drafted} drafts accepted{costs_seen(sched, b)}",
+                  f"steps, {row.accepted}/{row.drafted} drafts accepted; "
+                  f"{steps_seen(before, sched.clock.counts)}{costs_seen(sched, b)}",
                   flush=True)  # fmt: skip
     return rows, outputs
 
@@ -269,6 +271,17 @@ def profiled(on: bool, title: str) -> Iterator[None]:
     )
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20,
                                     max_name_column_width=60))  # fmt: skip
+
+
+def steps_seen(before: dict[str, int], after: dict[str, int]) -> str:
+    """The waves' steps per kind and their mean launch-to-launch time (StepClock's counts)."""
+    cells = []
+    for kind in ("extend", "decode", "verify"):
+        steps = after[f"{kind}_steps"] - before[f"{kind}_steps"]
+        if steps:
+            us = after[f"{kind}_us"] - before[f"{kind}_us"]
+            cells.append(f"{steps} {kind} x {us / steps / 1e3:.1f} ms")
+    return "steps: " + ", ".join(cells)
 
 
 def costs_seen(sched: Scheduler, batch: int) -> str:

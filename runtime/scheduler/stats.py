@@ -42,8 +42,9 @@ class StepClock:
         self.busy_periods: deque[tuple[float, float]] = deque(maxlen=BUSY_PERIODS)
         self._busy_since: float | None = None
         self._last_launch: tuple[str, float, int] | None = None  # kind, time, batch size
-        # told each timed step: (kind, batch size, seconds launch to launch)
-        self.listener: Callable[[str, int, float], None] | None = None
+        # told each timed step: (kind, batch size, seconds launch to launch, the kind of the
+        # step launched after it)
+        self.listener: Callable[[str, int, float, str], None] | None = None
 
     def launching(self, batch: Batch | None, prepared_s: float = 0.0) -> None:
         """A step is about to launch (None: none is): the time since the last launch goes to
@@ -52,23 +53,25 @@ class StepClock:
         counted here, not when the next launch times it, so that a get_state answered in between
         sees every step whose results it may have seen."""
         now = time.perf_counter() - prepared_s
-        if self._last_launch is not None:
-            kind, at, size = self._last_launch
-            self.counts[f"{kind}_us"] += int((now - at) * 1e6)
-            if self.listener is not None:
-                self.listener(kind, size, now - at)
-        if batch is None:
-            self._last_launch = None
-            return
-        if self._busy_since is None:
-            self._busy_since = now
         kind = (
-            "verify"
+            "none"
+            if batch is None
+            else "verify"
             if batch.drafts is not None
             else "decode"
             if batch.mode == ForwardMode.DECODE
             else "extend"
         )
+        if self._last_launch is not None:
+            last, at, size = self._last_launch
+            self.counts[f"{last}_us"] += int((now - at) * 1e6)
+            if self.listener is not None:
+                self.listener(last, size, now - at, kind)
+        if batch is None:
+            self._last_launch = None
+            return
+        if self._busy_since is None:
+            self._busy_since = now
         self.counts[f"{kind}_steps"] += 1
         self._last_launch = (kind, now, batch.size)
 

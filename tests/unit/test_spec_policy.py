@@ -13,6 +13,7 @@ from weft.runtime.scheduler.ngram import NgramDrafter
 from weft.runtime.scheduler.speculative import (
     REVISIT_EVERY,
     REVISIT_MAX,
+    REVISIT_PLAIN_STEPS,
     DraftPolicy,
     SpecCounts,
     StepCosts,
@@ -82,22 +83,24 @@ def test_step_costs_choose_the_faster_kind_and_revisit() -> None:
     assert costs.speculate(8)  # first a verify step ...
     stats["spec_verify_steps"] += 8
     stats["spec_accepted_tokens"] += 8  # 2 tokens per request per verify step
-    costs.observe("verify", 8, 0.015)
-    assert not costs.speculate(8)  # ... then a plain one
-    costs.observe("decode", 8, 0.010)
-    # 2 tokens / 15 ms beats 1 token / 10 ms: speculate, except one revisit after
-    # REVISIT_EVERY choices, then after twice as many, ... up to REVISIT_MAX
-    picks = [costs.speculate(8) for _ in range(REVISIT_EVERY * 7)]
+    costs.observe("verify", 8, 0.015, "decode")
+    assert not costs.speculate(8)  # ... then plain ones, until one is timed
+    costs.observe("decode", 8, 0.010, "decode")
+    # 2 tokens / 15 ms beats 1 token / 10 ms: speculate, except one revisit (two plain steps)
+    # after REVISIT_EVERY choices, then after twice as many, ... up to REVISIT_MAX
+    assert REVISIT_PLAIN_STEPS == 2
+    picks = [costs.speculate(8) for _ in range(REVISIT_EVERY * 7 + 4)]
     plain = [i + 1 for i, p in enumerate(picks) if not p]
-    assert plain == [REVISIT_EVERY, 3 * REVISIT_EVERY, 7 * REVISIT_EVERY], plain
+    r = REVISIT_EVERY
+    assert plain == [r, r + 1, 3 * r + 1, 3 * r + 2, 7 * r + 2, 7 * r + 3], plain
     c = costs.classes[8]
     c.since_revisit, c.revisit_every = 0, REVISIT_MAX
-    picks = [costs.speculate(8) for _ in range(2 * REVISIT_MAX)]
-    assert picks.count(False) == 2
+    picks = [costs.speculate(8) for _ in range(2 * REVISIT_MAX + 2)]
+    assert picks.count(False) == 4
     # the verify step slows down (a bigger batch computing more): plain decode wins, and the
     # flip starts the revisits again from REVISIT_EVERY
     for _ in range(20):
-        costs.observe("verify", 8, 0.030)
+        costs.observe("verify", 8, 0.030, "verify")
     picks = [costs.speculate(8) for _ in range(REVISIT_EVERY)]
     assert picks.count(True) == 1 and picks[-1], picks
     assert costs.speculate(1)  # another class measures for itself
@@ -110,9 +113,9 @@ def test_step_clock_charges_a_verify_steps_drafting_to_it_not_to_the_step_before
     before it launched: timed launch to launch, they would make that plain step look slow."""
     now = [100.0]
     monkeypatch.setattr(stats.time, "perf_counter", lambda: now[0])
-    seen: list[tuple[str, int, float]] = []
+    seen: list[tuple[str, int, float, str]] = []
     clock = stats.StepClock()
-    clock.listener = lambda kind, size, seconds: seen.append((kind, size, seconds))
+    clock.listener = lambda *told: seen.append(told)
     plain = Batch(ForwardMode.DECODE, [make_req("a", [1, 2])], [1])
     verify = Batch(ForwardMode.EXTEND, [make_req("b", [1, 2])], [3], drafts=[[5, 6]])
     clock.launching(plain)
@@ -120,8 +123,9 @@ def test_step_clock_charges_a_verify_steps_drafting_to_it_not_to_the_step_before
     clock.launching(verify, prepared_s=0.03)
     now[0] += 0.01
     clock.launching(None)
-    assert [(k, n) for k, n, _ in seen] == [("decode", 1), ("verify", 1)]
-    assert [round(t, 6) for _, _, t in seen] == [0.02, 0.04]
+    assert [(k, n, after) for k, n, _, after in seen] == [("decode", 1, "verify"),
+                                                          ("verify", 1, "none")]  # fmt: skip
+    assert [round(t, 6) for _, _, t, _ in seen] == [0.02, 0.04]
     assert clock.counts["decode_steps"] == clock.counts["verify_steps"] == 1
     # (whole microseconds, truncated)
     assert abs(clock.counts["decode_us"] - 20_000) <= 1
@@ -136,12 +140,33 @@ def test_step_costs_are_not_held_by_one_slow_first_step() -> None:
     assert costs.speculate(8)
     stats["spec_verify_steps"] += 8
     stats["spec_accepted_tokens"] += 8
-    costs.observe("verify", 8, 0.015)
+    costs.observe("verify", 8, 0.015, "decode")
     assert not costs.speculate(8)
-    costs.observe("decode", 8, 0.100)
+    costs.observe("decode", 8, 0.100, "decode")
     assert costs.speculate(8)  # 2 / 15 ms against 1 / 100 ms
-    costs.observe("decode", 8, 0.005)  # (a revisit's plain step)
+    costs.observe("decode", 8, 0.005, "decode")  # (a revisit's first plain step)
     assert not costs.speculate(8)
     for seconds in (0.005, 0.006, 0.005, 0.300):  # a median: one more slow step changes nothing
-        costs.observe("decode", 8, seconds)
+        costs.observe("decode", 8, seconds, "decode")
         assert not costs.speculate(8)
+
+
+def test_a_plain_step_is_timed_only_before_another_plain_step() -> None:
+    """The plain step before a verify step is waited for and its results processed before the
+    drafts are built (no overlap): its launch-to-launch time is not what a run of plain steps
+    takes, and counted, it made verify steps look better than they were. So only a plain step
+    followed by a plain one is timed, and a class measures plain steps two in a row."""
+    stats = {"spec_verify_steps": 0, "spec_accepted_tokens": 0}
+    costs = StepCosts(stats)
+    assert costs.speculate(4)
+    stats["spec_verify_steps"] += 4
+    stats["spec_accepted_tokens"] += 4  # 2 tokens per request per verify step
+    costs.observe("verify", 4, 0.030, "decode")
+    assert not costs.speculate(4)
+    costs.observe("decode", 4, 0.040, "verify")  # waited for: not timed ...
+    costs.observe("decode", 4, 0.040, "none")  # ... nor before an idle wait
+    assert costs.classes[4].decode_s is None
+    assert not costs.speculate(4)  # still no plain time: plain again
+    costs.observe("decode", 4, 0.010, "decode")
+    assert costs.classes[4].decode_s == 0.010
+    assert not costs.speculate(4)  # 1 token / 10 ms beats 2 / 30 ms
