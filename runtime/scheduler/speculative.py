@@ -112,9 +112,10 @@ class StepCosts:
     A plain step is timed only where a plain step follows it: a run of them overlaps each
     step's host work with the next one's device time, but the step before a verify step is
     waited for and its results processed before the drafts are built, a cost that belongs to
-    switching kinds, and which made verify steps look better than they were (at batch 64 on the
-    GPU they ran at every step, at 0.4x of plain decoding). So a class measures plain steps, at
-    first and on revisits, REVISIT_PLAIN_STEPS in a row."""
+    switching kinds and made verify steps look better than they are (in an H100 replay at batch
+    64, `benchmarks/spec_replay.py replay`, timed that way, they ran at every step at 0.4x of
+    plain decoding). So a class measures plain steps, at first and on revisits,
+    REVISIT_PLAIN_STEPS in a row."""
 
     def __init__(self, stats: dict[str, int]) -> None:
         self.stats = stats
