@@ -46,6 +46,7 @@ import torch
 from bench_utils import device_name, git_commit, markdown_table, merge_kwargs, parse_kv
 from spec import SHAREGPT, is_speculative, parse_variant
 from spec_workloads import WorkloadSpec, build_workload
+from step_profile import activities
 
 import weft.runtime.scheduler.scheduler as scheduler_module
 import weft.runtime.scheduler.speculative as speculative_module
@@ -255,22 +256,17 @@ def _run(
 
 @contextmanager
 def profiled(on: bool, title: str) -> Iterator[None]:
-    """torch.profiler around the block when `on`: its kernels and host ops, by total time."""
+    """torch.profiler around the block when `on`: its ops by self time on the device (on CPU,
+    the host), and on CUDA its host ops too."""
     if not on:
         yield
         return
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    acts, sort_by = activities()
     with torch.profiler.profile(activities=acts) as prof:
         yield
-    key = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
-    print(
-        f"\nprofile: {title}, by {key}\n"
-        + prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60)
-    )
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20,
-                                    max_name_column_width=60))  # fmt: skip
+    for key in dict.fromkeys((sort_by, "self_cpu_time_total")):
+        print(f"\nprofile: {title}, by {key}\n"
+              + prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60))  # fmt: skip
 
 
 def steps_seen(before: dict[str, int], after: dict[str, int]) -> str:
