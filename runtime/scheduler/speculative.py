@@ -115,7 +115,16 @@ class StepCosts:
     switching kinds and made verify steps look better than they are (in an H100 replay at batch
     64, `benchmarks/spec_replay.py replay`, timed that way, they ran at every step at 0.4x of
     plain decoding). So a class measures plain steps, at first and on revisits,
-    REVISIT_PLAIN_STEPS in a row."""
+    REVISIT_PLAIN_STEPS in a row.
+
+    Probing costs what a verify step loses against plain steps, which at large batches is
+    several plain steps (an H100 replay at batch 64: verify steps of 17 ms against plain ones
+    of 2.6 ms, `benchmarks/spec_replay.py replay`). So a class not yet measured first takes the
+    verdict of the nearest measured class, its verify step's extra time over a plain step
+    scaled by the batch (the extra is compute, which grows with the tokens verified), and only
+    probes where that says speculation may pay; otherwise it measures at its first revisit.
+    And a class that chose plain steps waits (1 + the plain steps a verify step loses) times
+    longer between revisits, so a revisit's cost stays a small share of the steps."""
 
     def __init__(self, stats: dict[str, int]) -> None:
         self.stats = stats
@@ -123,20 +132,24 @@ class StepCosts:
         self._seen = (0, 0)  # verify steps and accepted drafts already counted
 
     def speculate(self, batch_size: int) -> bool:
-        c = self.classes.setdefault(size_class(batch_size), ClassCosts())
+        size = size_class(batch_size)
+        c = self.classes.setdefault(size, ClassCosts())
         if c.plain_left > 0:
             c.plain_left -= 1
             return False
         if c.verify_s is None:
-            return True
-        if c.decode_s is None:
+            better = self._estimate(size, c)
+            if better is None or better:
+                return True  # a probe: the class's own verify time
+        elif c.decode_s is None:
             return False
-        better = (c.tokens_per_req or 1.0) / c.verify_s >= 1.0 / c.decode_s
+        else:
+            better = _pays(c.tokens_per_req, c.verify_s, c.decode_s)
         if c.better is not None and better != c.better:
             c.revisit_every = REVISIT_EVERY
         c.better = better
         c.since_revisit += 1
-        if c.since_revisit < c.revisit_every:
+        if c.since_revisit < round(c.revisit_every * (1 if better else _revisit_cost(c))):
             return better
         c.since_revisit = 0
         c.revisit_every = min(2 * c.revisit_every, REVISIT_MAX)
@@ -160,6 +173,33 @@ class StepCosts:
         self._seen = (steps, accepted)
         if d_steps > 0:  # (the verify step's results are processed before the next launch)
             c.tokens_per_req = _ema(c.tokens_per_req, (d_acc + d_steps) / d_steps)
+
+    def _estimate(self, size: int, c: ClassCosts) -> bool | None:
+        """Whether verify steps would pay in class `size` (without its own verify time), by
+        the nearest class that measured both kinds (the larger of two as near): its tokens per
+        request, and its verify step's extra time over a plain step times size / its size, on
+        this class's plain step time where it has one. None where no class measured both."""
+        known = [(k, o) for k, o in self.classes.items() if o.verify_s and o.decode_s]
+        if not known:
+            return None
+        k, o = min(known, key=lambda ko: (abs(ko[0].bit_length() - size.bit_length()), -ko[0]))
+        assert o.verify_s is not None and o.decode_s is not None
+        decode = c.decode_s if c.decode_s is not None else o.decode_s
+        verify = decode + max(0.0, o.verify_s - o.decode_s) * size / k
+        return _pays(o.tokens_per_req, verify, decode)
+
+
+def _pays(tokens_per_req: float | None, verify_s: float, decode_s: float) -> bool:
+    """A verify step's tokens per second at least a plain step's."""
+    return (tokens_per_req or 1.0) / verify_s >= 1.0 / decode_s
+
+
+def _revisit_cost(c: ClassCosts) -> float:
+    """1 + the plain steps' worth of time a verify step loses against plain steps (1 where the
+    class has not timed both kinds)."""
+    if c.verify_s is None or c.decode_s is None:
+        return 1.0
+    return 1.0 + max(0.0, c.verify_s / c.decode_s - (c.tokens_per_req or 1.0))
 
 
 def _ema(old: float | None, new: float) -> float:

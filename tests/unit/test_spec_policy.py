@@ -98,12 +98,36 @@ def test_step_costs_choose_the_faster_kind_and_revisit() -> None:
     picks = [costs.speculate(8) for _ in range(2 * REVISIT_MAX + 2)]
     assert picks.count(False) == 4
     # the verify step slows down (a bigger batch computing more): plain decode wins, and the
-    # flip starts the revisits again from REVISIT_EVERY
+    # flip starts the revisits again from REVISIT_EVERY, times 1 + the plain steps a verify
+    # step loses (30 ms for 2 tokens against 10 ms for 1: one step)
     for _ in range(20):
         costs.observe("verify", 8, 0.030, "verify")
-    picks = [costs.speculate(8) for _ in range(REVISIT_EVERY)]
+    picks = [costs.speculate(8) for _ in range(2 * REVISIT_EVERY)]
     assert picks.count(True) == 1 and picks[-1], picks
-    assert costs.speculate(1)  # another class measures for itself
+    # a class of 1 estimates from class 8: 10 ms + 20 ms / 8 for 2 tokens pays: it probes
+    assert costs.speculate(1)
+
+
+def test_an_unmeasured_class_takes_the_nearest_measured_verdict() -> None:
+    """Class 64 measured verify steps of 17.5 ms for 2.5 tokens against plain steps of 2.5 ms
+    (a verify step loses 7 - 2.5 = 4.5 plain steps). Class 32 estimates 2.5 + 15 / 2 = 10 ms:
+    plain, without a probe, until its first revisit; class 4 estimates 2.5 + 15 / 16 ms: it
+    probes. Class 64 revisits after REVISIT_EVERY * 5.5 choices."""
+    stats = {"spec_verify_steps": 0, "spec_accepted_tokens": 0}
+    costs = StepCosts(stats)
+    assert costs.speculate(64)
+    stats["spec_verify_steps"] += 64
+    stats["spec_accepted_tokens"] += 96
+    costs.observe("verify", 64, 0.0175, "decode")
+    assert not costs.speculate(64) and not costs.speculate(64)
+    costs.observe("decode", 64, 0.0025, "decode")
+    picks = [costs.speculate(32) for _ in range(REVISIT_EVERY)]
+    assert picks.count(True) == 1 and picks[-1], picks  # only its first revisit probes
+    assert costs.speculate(3)
+    picks = [costs.speculate(64) for _ in range(int(REVISIT_EVERY * 5.5))]
+    assert picks.count(True) == 1 and picks[-1], picks
+    # nothing measured anywhere: a new class probes first, as the very first class did
+    assert StepCosts(dict(stats)).speculate(16)
 
 
 def test_step_clock_charges_a_verify_steps_drafting_to_it_not_to_the_step_before(
