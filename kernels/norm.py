@@ -143,7 +143,8 @@ def heads_rmsnorm_(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Qwen3's QK-norm in one launch, in place: every head vector of q and of k through rmsnorm
-    with its own weight (exactly what rmsnorm computes per row); returns (q, k). Strided views
+    with its own weight (exactly what rmsnorm computes per row: the same block and warps, so
+    the same float32 reduction order); returns (q, k). Strided views
     are normalised where they lie, without the copies that flattening them would make."""
     tokens, q_heads, dim = q.shape
     check_tensor(q, "q", (tokens, q_heads, dim), FLOATS)
@@ -155,6 +156,6 @@ def heads_rmsnorm_(
         block = triton.next_power_of_2(dim)
         _heads_rmsnorm_kernel[(tokens, q_heads + k.shape[1])](
             q, k, q_weight, k_weight, q_heads, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            dim, eps, BLOCK=block, num_warps=1 if block <= 256 else 4,
+            dim, eps, BLOCK=block, num_warps=_num_warps(block),
         )  # fmt: skip
     return q, k
