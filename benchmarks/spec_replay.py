@@ -305,7 +305,7 @@ def record(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                         snippet_lines=tuple(args.snippet_lines), sharegpt=args.sharegpt,
                         seed=args.seed)  # fmt: skip
     work: dict[str, list[TraceReq]] = {}
-    for wname in args.workloads:
+    for wname in args.workloads or REPLAYABLE:
         prompts = build_workload(wname, tok, spec).prompts
         work[wname] = [TraceReq(wname, list(tok.encode(p)), args.max_new_tokens) for p in prompts]
     rows, base = run_variant(args.model, "plain", args.engine_arg, work, [1], False)[:2]
@@ -339,6 +339,12 @@ def replay(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
         steps = {k: [(s[0], s[1], s[2]) for s in v] for k, v in r["steps"].items()}
         work.setdefault(r["workload"], []).append(TraceReq(r["workload"], r["input_ids"],
                                                            r["output_len"], steps))  # fmt: skip
+    if args.workloads:
+        missing = sorted(set(args.workloads) - set(work))
+        if missing:
+            raise SystemExit(f"{args.trace} has no {', '.join(missing)} requests; it has "
+                             f"{', '.join(sorted(work))}")  # fmt: skip
+        work = {w: work[w] for w in args.workloads}
     base = merge_kwargs({"load_format": "dummy", "skip_tokenizer_init": True}, args.engine_arg)
     rows = run_variant(args.model, "plain", base, work, args.batches, True, args.profile)[0]
     for name, kw in doc["variants"].items():
@@ -381,7 +387,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="record: a speculative engine (EngineConfig fields)")  # fmt: skip
     ap.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--draft-model", help="replay: the draft model's config folder")
-    ap.add_argument("--workloads", nargs="+", default=list(REPLAYABLE), choices=REPLAYABLE)
+    ap.add_argument("--workloads", nargs="+", choices=REPLAYABLE,
+                    help="record: all by default; replay: the trace's, by default")  # fmt: skip
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--batches", type=int, nargs="+", default=[1], help="replay's batch sizes")

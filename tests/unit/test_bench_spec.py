@@ -129,6 +129,17 @@ def test_replay_arguments() -> None:
             spec_replay.parse_args(["record", "--model", "m", "--trace", "t.json", *bad])
 
 
+def test_replay_runs_the_workloads_asked_for(tmp_path: Path) -> None:
+    """--workloads picks the trace's requests to replay; one the trace lacks is named."""
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"variants": {}, "requests": [
+        {"workload": "code-edit", "input_ids": [1, 2], "output_len": 3, "steps": {}},
+    ]}))  # fmt: skip
+    with pytest.raises(SystemExit, match="has no sharegpt requests; it has code-edit"):
+        spec_replay.main(["replay", "--model", "m", "--trace", str(trace),
+                          "--workloads", "code-edit", "sharegpt"])  # fmt: skip
+
+
 def test_replay_takes_the_recorded_steps(tiny_model_dir: Path, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """record on the tiny model (n-gram drafts from code-edit prompts), then replay on random
