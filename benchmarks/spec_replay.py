@@ -49,6 +49,7 @@ from spec_workloads import WorkloadSpec, build_workload
 from step_profile import activities
 
 import weft.runtime.scheduler.scheduler as scheduler_module
+import weft.runtime.scheduler.spec_costs as spec_costs_module
 import weft.runtime.scheduler.speculative as speculative_module
 from weft.runtime.config import EngineConfig
 from weft.runtime.executor.distributed import Inbox
@@ -285,7 +286,7 @@ def costs_seen(sched: Scheduler, batch: int) -> str:
     plain and verify step times and tokens per request per verify step."""
     if sched.speculator is None:
         return ""
-    c = sched.speculator.costs.classes.get(speculative_module.size_class(batch))
+    c = sched.speculator.costs.classes.get(spec_costs_module.size_class(batch))
     if c is None:
         return ""
     ms = [", ".join(f"{s * 1e3:.1f}" for s in samples) for samples in (c.decode, c.verify)]

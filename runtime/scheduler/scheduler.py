@@ -97,7 +97,9 @@ class Scheduler:
         # can overlap, and with many constrained requests some always have forced tokens.
         self.jump_forward = not config.disable_jump_forward and not self.overlap.enabled
         self.speculator = (
-            Speculator(config, self.cache, self.stats, self.runner.propose_drafts)
+            Speculator(
+                config, self.cache, self.stats, self.runner.propose_drafts, self.runner.verify_rows
+            )
             if config.speculative_algorithm is not None
             else None
         )

@@ -146,7 +146,7 @@ def test_replay_takes_the_recorded_steps(tiny_model_dir: Path, tmp_path: Path,
     weights of the same config with every step verifying as in record: each request takes the
     recorded verify steps (positions, drafts, accepted) and its recorded output length, at
     batch sizes 1 and 2."""
-    from weft.runtime.scheduler.speculative import StepCosts
+    from weft.runtime.scheduler.spec_costs import StepCosts
 
     trace, out = tmp_path / "trace.json", tmp_path / "rec.json"
     argv = ["record", "--model", str(tiny_model_dir), "--workloads", "code-edit",

@@ -5,20 +5,20 @@ clock that times them."""
 from __future__ import annotations
 
 import pytest
-from kv_helpers import make_req
+from kv_helpers import make_cache, make_req, prefill
 
+from weft.runtime.config import EngineConfig
 from weft.runtime.executor.batch import Batch, ForwardMode
 from weft.runtime.scheduler import stats
 from weft.runtime.scheduler.ngram import NgramDrafter
-from weft.runtime.scheduler.speculative import (
+from weft.runtime.scheduler.spec_costs import (
     REVISIT_EVERY,
     REVISIT_MAX,
     REVISIT_PLAIN_STEPS,
-    DraftPolicy,
-    SpecCounts,
     StepCosts,
     size_class,
 )
+from weft.runtime.scheduler.speculative import DraftPolicy, SpecCounts, Speculator, free_tail
 
 
 def drafter_for(tokens: list[int], lo: int = 1, hi: int = 4) -> NgramDrafter:
@@ -194,3 +194,25 @@ def test_a_plain_step_is_timed_only_before_another_plain_step() -> None:
     costs.observe("decode", 4, 0.010, "decode")
     assert costs.classes[4].decode_s == 0.010
     assert not costs.speculate(4)  # 1 token / 10 ms beats 2 / 30 ms
+
+
+def test_verify_steps_keep_within_the_largest_graph() -> None:
+    """A verify step of more tokens than the largest decode graph runs as one eager extend,
+    many plain steps' worth at large batches: drafts are cut as evenly as they go (the oldest
+    requests keep one more) so that the step replays the graph. 4 requests of 1 own token and
+    4 n-gram drafts each, graphs of 10 rows: 2, 2, 1, 1 drafts (the two oldest first)."""
+    config = EngineConfig(model="m", speculative_algorithm="ngram", speculative_num_draft_tokens=5)
+    cache = make_cache(1, num_pages=256, max_reqs=4)
+    stats = {"spec_verify_steps": 0, "spec_accepted_tokens": 0}
+    spec = Speculator(config, cache, stats, graph_rows=10)
+    period = [1, 2, 3, 4, 5, 6]
+    reqs = [make_req(f"r{i}", period * 3, arrival=3 - i) for i in range(4)]  # r3 oldest
+    for req in reqs:
+        prefill(cache, req, token=1)  # the next tokens repeat the period: 2, 3, 4, 5
+    batch = spec.build(reqs)
+    assert batch.drafts == [[2], [2], [2, 3], [2, 3]], batch.drafts
+    assert batch.extend_lens == [2, 2, 3, 3] and sum(batch.extend_lens) == 10
+    wide = Speculator(config, cache, stats, graph_rows=0)  # no graphs: no cut
+    for req, d in zip(reqs, batch.drafts, strict=True):  # give the slots back
+        free_tail(cache, req, req.kv_len + 1, req.kv_len + 1 + len(d))
+    assert wide.build(reqs).drafts == [[2, 3, 4, 5]] * 4
