@@ -76,14 +76,21 @@ def test_draft_policy_caps_and_probes() -> None:
     assert policy.drafts_for(req, counts) == 4
 
 
-def test_step_costs_choose_the_faster_kind_and_revisit() -> None:
+def probed(size: int, tokens_per_req: float, verify_s: float) -> StepCosts:
+    """StepCosts after a first class's probe: a verify step of `size` requests that took
+    verify_s and gave each tokens_per_req tokens (accepted drafts + its own)."""
     stats = {"spec_verify_steps": 0, "spec_accepted_tokens": 0}
     costs = StepCosts(stats)
+    assert costs.speculate(size)  # nothing measured: a verify step first
+    stats["spec_verify_steps"] += size
+    stats["spec_accepted_tokens"] += round(size * (tokens_per_req - 1))
+    costs.observe("verify", size, verify_s, "decode")
+    return costs
+
+
+def test_step_costs_choose_the_faster_kind_and_revisit() -> None:
     assert size_class(5) == 8 and size_class(1) == 1 and size_class(64) == 64
-    assert costs.speculate(8)  # first a verify step ...
-    stats["spec_verify_steps"] += 8
-    stats["spec_accepted_tokens"] += 8  # 2 tokens per request per verify step
-    costs.observe("verify", 8, 0.015, "decode")
+    costs = probed(8, 2, 0.015)  # first a verify step ...
     assert not costs.speculate(8)  # ... then plain ones, until one is timed
     costs.observe("decode", 8, 0.010, "decode")
     # 2 tokens / 15 ms beats 1 token / 10 ms: speculate, except one revisit (two plain steps)
@@ -113,12 +120,7 @@ def test_an_unmeasured_class_takes_the_nearest_measured_verdict() -> None:
     (a verify step loses 7 - 2.5 = 4.5 plain steps). Class 32 estimates 2.5 + 15 / 2 = 10 ms:
     plain, without a probe, until its first revisit; class 4 estimates 2.5 + 15 / 16 ms: it
     probes. Class 64 revisits after REVISIT_EVERY * 5.5 choices."""
-    stats = {"spec_verify_steps": 0, "spec_accepted_tokens": 0}
-    costs = StepCosts(stats)
-    assert costs.speculate(64)
-    stats["spec_verify_steps"] += 64
-    stats["spec_accepted_tokens"] += 96
-    costs.observe("verify", 64, 0.0175, "decode")
+    costs = probed(64, 2.5, 0.0175)
     assert not costs.speculate(64) and not costs.speculate(64)
     costs.observe("decode", 64, 0.0025, "decode")
     picks = [costs.speculate(32) for _ in range(REVISIT_EVERY)]
@@ -127,7 +129,7 @@ def test_an_unmeasured_class_takes_the_nearest_measured_verdict() -> None:
     picks = [costs.speculate(64) for _ in range(int(REVISIT_EVERY * 5.5))]
     assert picks.count(True) == 1 and picks[-1], picks
     # nothing measured anywhere: a new class probes first, as the very first class did
-    assert StepCosts(dict(stats)).speculate(16)
+    assert StepCosts({"spec_verify_steps": 0, "spec_accepted_tokens": 0}).speculate(16)
 
 
 def test_step_clock_charges_a_verify_steps_drafting_to_it_not_to_the_step_before(
@@ -159,12 +161,7 @@ def test_step_clock_charges_a_verify_steps_drafting_to_it_not_to_the_step_before
 def test_step_costs_are_not_held_by_one_slow_first_step() -> None:
     """A class's first plain step took 100 ms (one-time costs); the next took 5 ms: plain
     decoding (1 token / 5 ms) beats verify steps (2 tokens / 15 ms) from then on."""
-    stats = {"spec_verify_steps": 0, "spec_accepted_tokens": 0}
-    costs = StepCosts(stats)
-    assert costs.speculate(8)
-    stats["spec_verify_steps"] += 8
-    stats["spec_accepted_tokens"] += 8
-    costs.observe("verify", 8, 0.015, "decode")
+    costs = probed(8, 2, 0.015)
     assert not costs.speculate(8)
     costs.observe("decode", 8, 0.100, "decode")
     assert costs.speculate(8)  # 2 / 15 ms against 1 / 100 ms
@@ -180,12 +177,7 @@ def test_a_plain_step_is_timed_only_before_another_plain_step() -> None:
     drafts are built (no overlap): its launch-to-launch time is not what a run of plain steps
     takes, and counted, it made verify steps look better than they were. So only a plain step
     followed by a plain one is timed, and a class measures plain steps two in a row."""
-    stats = {"spec_verify_steps": 0, "spec_accepted_tokens": 0}
-    costs = StepCosts(stats)
-    assert costs.speculate(4)
-    stats["spec_verify_steps"] += 4
-    stats["spec_accepted_tokens"] += 4  # 2 tokens per request per verify step
-    costs.observe("verify", 4, 0.030, "decode")
+    costs = probed(4, 2, 0.030)  # 2 tokens per request per verify step
     assert not costs.speculate(4)
     costs.observe("decode", 4, 0.040, "verify")  # waited for: not timed ...
     costs.observe("decode", 4, 0.040, "none")  # ... nor before an idle wait
