@@ -155,7 +155,9 @@ class Speculator:
         verify step's tokens fit the largest decode graph, which then replays them as decode
         rows. A bigger verify step runs as one eager extend: at batch 64 (320 tokens) that took
         18-41 ms against a 2.5 ms plain step on the H100 (`benchmarks/spec_replay.py replay`).
-        Where not even the requests' own tokens fit, the drafts stay as they are."""
+        Where not even the requests' own tokens fit, the drafts stay as they are. (Shares that
+        differ by at most one keep the draft model within each request's slots: it runs the
+        largest share k ahead for all, over positions up to seq_len + k - 2.)"""
         room = self.graph_rows - sum(r.extend_len for r in running)
         if room <= 0 or sum(want) <= room:
             return want

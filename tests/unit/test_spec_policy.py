@@ -4,13 +4,17 @@ clock that times them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+import torch
 from kv_helpers import make_cache, make_req, prefill
 
 from weft.runtime.config import EngineConfig
 from weft.runtime.executor.batch import Batch, ForwardMode
 from weft.runtime.scheduler import stats
 from weft.runtime.scheduler.ngram import NgramDrafter
+from weft.runtime.scheduler.request import Req
 from weft.runtime.scheduler.spec_costs import (
     REVISIT_EVERY,
     REVISIT_MAX,
@@ -208,3 +212,31 @@ def test_verify_steps_keep_within_the_largest_graph() -> None:
     for req, d in zip(reqs, batch.drafts, strict=True):  # give the slots back
         free_tail(cache, req, req.kv_len + 1, req.kv_len + 1 + len(d))
     assert wide.build(reqs).drafts == [[2, 3, 4, 5]] * 4
+
+
+def test_draft_model_verify_steps_keep_within_the_largest_graph() -> None:
+    """The draft model runs k = the largest share ahead for every drafting request, over
+    positions up to seq_len + k - 2, so each request's slots (its own token and its share of
+    drafts) must reach there: shares differ by at most one, which they do. Each request gets
+    its share of the proposal and of its distributions."""
+    config = EngineConfig(model="m", speculative_algorithm="draft", speculative_num_draft_tokens=5,
+                          speculative_draft_model_path="d")  # fmt: skip
+    cache = make_cache(1, num_pages=256, max_reqs=4)
+    asked: list[int] = []
+
+    def propose(reqs: list[Req], k: int) -> tuple[list[list[int]], list[Any]]:
+        asked.append(k)
+        for r in reqs:  # as DraftRunner._check: every position it runs has a slot
+            assert r.row is not None
+            assert (cache.table.cpu[r.row, r.seq_len - 1 : r.seq_len + k - 1] >= 1).all()
+        return [[10 + j for j in range(k)] for _ in reqs], [torch.rand(k, 7) for _ in reqs]
+
+    stats = {"spec_verify_steps": 0, "spec_accepted_tokens": 0}
+    spec = Speculator(config, cache, stats, propose, graph_rows=10)
+    reqs = [make_req(f"r{i}", [1, 2, 3], max_new_tokens=32, arrival=3 - i) for i in range(4)]
+    for req in reqs:
+        prefill(cache, req, token=1)
+    batch = spec.build(reqs)
+    assert asked == [2]
+    assert batch.drafts == [[10], [10], [10, 11], [10, 11]], batch.drafts
+    assert [r.draft_probs.shape[0] for r in reqs] == [1, 1, 2, 2]
